@@ -1,0 +1,14 @@
+// The private extension module moecore._moecore. The public API is python/moecore/__init__.py.
+#include "bind_all.h"
+
+PYBIND11_MODULE(_moecore, m) {
+  using namespace moecore::bindings;
+  m.doc() = "moecore's C++ core (private; import moecore instead)";
+  bind_errors(m);
+  bind_core(m);
+  bind_routing(m);
+  bind_dispatch(m);
+  bind_quant(m);
+  bind_runner(m);
+  bind_layer(m);
+}

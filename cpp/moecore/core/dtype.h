@@ -1,0 +1,46 @@
+// The storage dtypes moecore understands and their traits. Sub-byte formats are stored packed:
+// kFp4E2M1x2 holds two E2M1 values per byte, element 0 in the low nibble, and tensor shapes count
+// storage units (bytes), as sglang's uint8 [.., K/2] tensors do.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace moecore {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kF8E4M3,      // float8_e4m3fn: no inf, max 448
+  kF8E5M2,      // float8_e5m2
+  kE8M0,        // OCP MX scale byte: 2^(e-127), 0xFF is NaN
+  kFp4E2M1x2,   // two E2M1 values per byte, element 0 in the low nibble
+  kU8,
+  kI32,
+  kI64,
+};
+
+struct DTypeTraits {
+  DType dtype;
+  const char* name;         // moecore's short name: "bf16"
+  const char* numpy_name;   // numpy / ml_dtypes name: "bfloat16"
+  int storage_bytes;        // bytes per storage unit
+  int values_per_storage;   // 2 for packed fp4, else 1
+  bool is_floating;         // holds real numbers a kernel computes with
+};
+
+const DTypeTraits& dtype_traits(DType dtype);
+inline const char* dtype_name(DType dtype) { return dtype_traits(dtype).name; }
+inline int64_t dtype_size(DType dtype) { return dtype_traits(dtype).storage_bytes; }
+/// Parses "bf16", "bfloat16", "float32", ... (either spelling); throws InvalidArgument.
+DType parse_dtype(const std::string& name);
+/// All dtypes, in declaration order.
+const DTypeTraits* all_dtypes(int* count);
+
+/// Activation dtypes the unquantized runner paths compute with.
+inline bool is_activation_dtype(DType d) {
+  return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16;
+}
+
+}  // namespace moecore

@@ -1,0 +1,120 @@
+// TensorView helpers and aligned allocation for Tensor.
+#include "moecore/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "moecore/core/error.h"
+
+namespace moecore {
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  return n;
+}
+
+bool TensorView::is_contiguous() const {
+  int64_t expected = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    if (shape[d] != 1 && strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+bool TensorView::rows_contiguous() const {
+  if (ndim == 0) return true;
+  if (shape[ndim - 1] > 1 && strides[ndim - 1] != 1) return false;
+  int64_t span = shape[ndim - 1];
+  for (int d = ndim - 2; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (strides[d] < span) return false;
+    span = strides[d] * shape[d];
+  }
+  return true;
+}
+
+std::string TensorView::describe() const {
+  return shape_string(shape_vector()) + " " + dtype_name(dtype);
+}
+
+void* TensorView::at(std::initializer_list<int64_t> index) const {
+  int64_t offset = 0;
+  int d = 0;
+  for (int64_t i : index) offset += i * strides[d++];
+  return static_cast<char*>(data) + offset * dtype_size(dtype);
+}
+
+void fill_contiguous_strides(TensorView& view) {
+  int64_t stride = 1;
+  for (int d = view.ndim - 1; d >= 0; --d) {
+    view.strides[d] = stride;
+    stride *= view.shape[d];
+  }
+}
+
+TensorView make_view(void* data, DType dtype, const std::vector<int64_t>& shape) {
+  MOECORE_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "tensor: at most ", kMaxDims,
+                " dims, got ", shape.size());
+  TensorView v;
+  v.data = data;
+  v.dtype = dtype;
+  v.ndim = static_cast<int>(shape.size());
+  for (int d = 0; d < v.ndim; ++d) {
+    MOECORE_CHECK(shape[d] >= 0, "tensor: negative size in shape ", shape_string(shape));
+    v.shape[d] = shape[d];
+  }
+  fill_contiguous_strides(v);
+  return v;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Tensor Tensor::empty(const std::vector<int64_t>& shape, DType dtype) {
+  int64_t count = 1;
+  for (int64_t s : shape) {
+    MOECORE_CHECK(s >= 0, "tensor: negative size in shape ", shape_string(shape));
+    MOECORE_CHECK(s == 0 || count <= std::numeric_limits<int64_t>::max() / 8 / s,
+                  "tensor: shape ", shape_string(shape), " overflows");
+    count *= s;
+  }
+  size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+  size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  void* data = std::aligned_alloc(kTensorAlignment, rounded == 0 ? kTensorAlignment : rounded);
+  if (data == nullptr) throw std::bad_alloc();
+  std::shared_ptr<void> owner(data, [](void* p) { std::free(p); });
+  return Tensor(make_view(data, dtype, shape), std::move(owner));
+}
+
+Tensor Tensor::zeros(const std::vector<int64_t>& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  std::memset(t.view().data, 0, static_cast<size_t>(t.numel()) * dtype_size(dtype));
+  return t;
+}
+
+Tensor Tensor::copy_of(const TensorView& src) {
+  Tensor t = empty(src.shape_vector(), src.dtype);
+  const int64_t elem = dtype_size(src.dtype);
+  const int64_t n = src.numel();
+  char* dst = t.ptr<char>();
+  // Walk the source in row-major order with an index counter.
+  int64_t index[kMaxDims] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t offset = 0;
+    for (int d = 0; d < src.ndim; ++d) offset += index[d] * src.strides[d];
+    std::memcpy(dst + i * elem, static_cast<const char*>(src.data) + offset * elem, elem);
+    for (int d = src.ndim - 1; d >= 0; --d) {
+      if (++index[d] < src.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return t;
+}
+
+}  // namespace moecore

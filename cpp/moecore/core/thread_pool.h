@@ -1,0 +1,78 @@
+// moecore's thread pool: persistent workers and a static, deterministic schedule. parallel_for
+// splits [0, n) into one contiguous chunk per thread, so which thread computes an item never
+// changes the item's result. Exceptions thrown by any chunk reach the caller; none is swallowed.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace moecore {
+
+/// A non-owning reference to a callable `void(int64_t begin, int64_t end)`: no allocation.
+class RangeFn {
+ public:
+  template <typename F>
+  RangeFn(F& f)  // NOLINT: implicit on purpose, like std::function_ref
+      : object_(static_cast<void*>(&f)), call_([](void* o, int64_t b, int64_t e) {
+          (*static_cast<F*>(o))(b, e);
+        }) {}
+  void operator()(int64_t begin, int64_t end) const { call_(object_, begin, end); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, int64_t, int64_t);
+};
+
+class ThreadPool {
+ public:
+  /// The process-wide pool; sized from MOECORE_NUM_THREADS or the CPUs this process may use.
+  static ThreadPool& instance();
+  ~ThreadPool();
+
+  int num_threads() const { return num_threads_; }
+  /// Resizes the pool (n >= 1). Waits for a running parallel_for to finish.
+  void set_num_threads(int n);
+
+  /// Runs fn(begin, end) over [0, n) in num_threads contiguous chunks of near-equal size; the
+  /// caller runs chunk 0. Called from inside a chunk, it runs serially on that thread. Callers
+  /// from several threads take turns. Rethrows the first exception any chunk threw.
+  void parallel_for(int64_t n, RangeFn fn);
+
+ private:
+  explicit ThreadPool(int n);
+  void start(int n);
+  void stop();
+  void worker_loop(int index, uint64_t seen);
+  void run_chunk(int index);
+
+  int num_threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex call_mutex_;  // one parallel_for at a time
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stopping_ = false;
+  int64_t n_ = 0;
+  RangeFn* fn_ = nullptr;
+  std::exception_ptr error_;
+};
+
+/// Shorthand for ThreadPool::instance().parallel_for with any callable.
+template <typename F>
+void parallel_for(int64_t n, F&& f) {
+  std::remove_reference_t<F>& ref = f;
+  ThreadPool::instance().parallel_for(n, RangeFn(ref));
+}
+
+/// Number of CPUs this process may run on (sched_getaffinity), at least 1.
+int available_cpus();
+
+}  // namespace moecore

@@ -1,0 +1,73 @@
+// Token dispatchers (sglang token_dispatcher/base.py, standard.py). A dispatcher owns the token
+// layout and communication; dispatch() makes a DispatchOutput, combine() turns the runner's
+// CombineInput into the layer output [T, H].
+#pragma once
+
+#include <any>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+
+#include "moecore/dispatch/types.h"
+
+namespace moecore {
+
+/// One value of a dispatcher's quant_config dict ({"dispatcher_output_dtype": "bf16", ...}).
+using QuantConfigValue = std::variant<std::monostate, bool, int64_t, double, std::string, Tensor>;
+using QuantConfig = std::map<std::string, QuantConfigValue>;
+
+class BaseDispatcher {
+ public:
+  virtual ~BaseDispatcher() = default;
+  virtual DispatchOutputPtr dispatch(const Tensor& hidden_states, const TopKOutput& topk) = 0;
+  virtual Tensor combine(const CombineInputPtr& combine_input) = 0;
+
+  /// Merges keys into the quant config (sglang's set_quant_config replaces the dict; moecore
+  /// replaces too, so both read the same).
+  void set_quant_config(QuantConfig config) { quant_config_ = std::move(config); }
+  const QuantConfig& quant_config() const { return quant_config_; }
+  void set_overlap_args(std::any combine_overlap_args, std::any meta_overlap_args) {
+    combine_overlap_args_ = std::move(combine_overlap_args);
+    meta_overlap_args_ = std::move(meta_overlap_args);
+  }
+  void clear_overlap_args() {
+    combine_overlap_args_.reset();
+    meta_overlap_args_.reset();
+  }
+
+ protected:
+  QuantConfig quant_config_;
+  std::any combine_overlap_args_;
+  std::any meta_overlap_args_;
+};
+
+/// StandardDispatcher (a2a "none"). With ep_size > 1 it maps global expert ids to this rank's
+/// local ids: routed experts [r·L, (r+1)·L) → [0, L), the S fused shared experts (the last S
+/// global ids) → [L, L+S), everything else → −1, and −1 stays −1 (rule R14). Runner backends
+/// that take global ids (flashinfer_*) skip the mapping, as in sglang.
+class StandardDispatcher : public BaseDispatcher {
+ public:
+  /// num_experts: global count including the S fused shared experts.
+  StandardDispatcher(int64_t num_experts, int64_t ep_size = 1, int64_t ep_rank = 0,
+                     int64_t num_fused_shared_experts = 0,
+                     MoeRunnerBackend runner_backend = MoeRunnerBackend::TRITON);
+
+  DispatchOutputPtr dispatch(const Tensor& hidden_states, const TopKOutput& topk) override;
+  Tensor combine(const CombineInputPtr& combine_input) override;
+
+  /// Global → local id map, i32 [num_experts] (undefined when no mapping applies).
+  const Tensor& local_expert_mapping() const { return local_expert_mapping_; }
+  int64_t num_local_experts() const { return num_local_routed_experts_ + num_shared_; }
+  int64_t ep_size() const { return ep_size_; }
+  int64_t ep_rank() const { return ep_rank_; }
+
+ private:
+  int64_t num_experts_, ep_size_, ep_rank_, num_shared_, num_local_routed_experts_;
+  Tensor local_expert_mapping_;
+};
+
+/// True for runner backends whose kernels take global expert ids (no local mapping).
+bool uses_global_expert_ids(MoeRunnerBackend backend);
+
+}  // namespace moecore

@@ -1,0 +1,108 @@
+// StandardDispatcher and the top-k output helpers.
+#include <algorithm>
+
+#include "moecore/core/error.h"
+#include "moecore/dispatch/dispatcher.h"
+
+namespace moecore {
+
+TopKOutputFormat topk_output_format(const TopKOutput& topk) {
+  return std::holds_alternative<StandardTopKOutput>(topk) ? TopKOutputFormat::STANDARD
+                                                          : TopKOutputFormat::BYPASSED;
+}
+
+StandardTopKOutput to_standard(const TopKOutput& topk) {
+  if (const auto* standard = std::get_if<StandardTopKOutput>(&topk)) return *standard;
+  return std::get<BypassedTopKOutput>(topk).to_standard();
+}
+
+bool uses_global_expert_ids(MoeRunnerBackend b) {
+  switch (b) {
+    case MoeRunnerBackend::FLASHINFER_CUTLASS:
+    case MoeRunnerBackend::FLASHINFER_CUTEDSL:
+    case MoeRunnerBackend::FLASHINFER_TRTLLM:
+    case MoeRunnerBackend::FLASHINFER_TRTLLM_ROUTED:
+    case MoeRunnerBackend::FLASHINFER_MXFP4:
+    case MoeRunnerBackend::HPC_OPS:
+    case MoeRunnerBackend::FLASHINFER_MEGAMOE:
+    case MoeRunnerBackend::EXPERIMENTAL_SGL_TRTLLM:
+      return true;
+    default:
+      return false;
+  }
+}
+
+StandardDispatcher::StandardDispatcher(int64_t num_experts, int64_t ep_size, int64_t ep_rank,
+                                       int64_t num_fused_shared_experts,
+                                       MoeRunnerBackend runner_backend)
+    : num_experts_(num_experts),
+      ep_size_(ep_size),
+      ep_rank_(ep_rank),
+      num_shared_(num_fused_shared_experts) {
+  const char* api = "StandardDispatcher";
+  MOECORE_CHECK(ep_size >= 1, api, ": expected ep_size >= 1, got ", ep_size);
+  MOECORE_CHECK_INDEX(ep_rank >= 0 && ep_rank < ep_size, api, ": expected ep_rank in [0, ",
+                      ep_size, "), got ", ep_rank);
+  MOECORE_CHECK(num_fused_shared_experts >= 0 && num_experts > num_fused_shared_experts, api,
+                ": expected num_experts > num_fused_shared_experts >= 0, got ", num_experts,
+                " and ", num_fused_shared_experts);
+  const int64_t routed = num_experts - num_fused_shared_experts;
+  MOECORE_CHECK(routed % ep_size == 0, api, ": routed experts (", routed,
+                ") must divide evenly over ep_size ", ep_size);
+  num_local_routed_experts_ = routed / ep_size;
+  if (ep_size == 1 || uses_global_expert_ids(runner_backend)) return;
+  local_expert_mapping_ = Tensor::empty({num_experts}, DType::kI32);
+  int32_t* map = local_expert_mapping_.ptr<int32_t>();
+  std::fill(map, map + num_experts, -1);
+  for (int64_t i = 0; i < num_local_routed_experts_; ++i)
+    map[ep_rank * num_local_routed_experts_ + i] = static_cast<int32_t>(i);
+  for (int64_t j = 0; j < num_fused_shared_experts; ++j)
+    map[routed + j] = static_cast<int32_t>(num_local_routed_experts_ + j);
+}
+
+DispatchOutputPtr StandardDispatcher::dispatch(const Tensor& hidden_states,
+                                               const TopKOutput& topk) {
+  auto out = std::make_shared<StandardDispatchOutput>();
+  out->hidden_states = hidden_states;
+  if (!local_expert_mapping_.defined()) {
+    out->topk_output = topk;
+    return out;
+  }
+  StandardTopKOutput standard = to_standard(topk);
+  const Tensor& ids = standard.topk_ids;
+  MOECORE_CHECK(ids.defined() && ids.ndim() == 2, "StandardDispatcher.dispatch: expected topk_ids "
+                "[T, k], got ", ids.describe());
+  MOECORE_CHECK_DTYPE(ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64,
+                      "StandardDispatcher.dispatch: topk_ids must be int32 or int64, got ",
+                      ids.describe());
+  const TensorView v = ids.view();
+  const int64_t rows = v.shape[0], cols = v.shape[1];
+  auto read = [&](int64_t t, int64_t j) -> int64_t {
+    const int64_t off = t * v.strides[0] + j * v.strides[1];
+    return v.dtype == DType::kI32 ? v.ptr<int32_t>()[off] : v.ptr<int64_t>()[off];
+  };
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t e = read(t, j);
+      MOECORE_CHECK_INDEX(e >= -1 && e < num_experts_, "StandardDispatcher.dispatch: topk_ids "
+                          "must be in [-1, ", num_experts_, "), got ", e, " at [", t, ", ", j, "]");
+    }
+  Tensor local = Tensor::empty({rows, cols}, DType::kI32);
+  const int32_t* map = local_expert_mapping_.ptr<int32_t>();
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t e = read(t, j);
+      local.ptr<int32_t>()[t * cols + j] = e < 0 ? -1 : map[e];  // R14: −1 stays −1
+    }
+  standard.topk_ids = local;
+  out->topk_output = standard;
+  return out;
+}
+
+Tensor StandardDispatcher::combine(const CombineInputPtr& combine_input) {
+  auto* in = dynamic_cast<const StandardCombineInput*>(combine_input.get());
+  MOECORE_CHECK_DTYPE(in != nullptr, "StandardDispatcher.combine: expected a StandardCombineInput");
+  return in->hidden_states;
+}
+
+}  // namespace moecore

@@ -1,0 +1,70 @@
+// Scalar activation epilogues (fp32 math, std:: functions; one rounding point per contract).
+#include "moecore/kernels/activation.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "moecore/core/error.h"
+#include "moecore/kernels/convert.h"
+
+namespace moecore {
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+float gelu_tanh(float x) {
+  const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+namespace {
+
+float unary(Activation kind, float x) {
+  switch (kind) {
+    case Activation::SILU:
+      return silu(x);
+    case Activation::GELU:
+      return gelu_erf(x);
+    case Activation::GELU_TANH:
+      return gelu_tanh(x);
+    case Activation::RELU2: {
+      const float r = x > 0.0f ? x : 0.0f;
+      return r * r;
+    }
+  }
+  MOECORE_INTERNAL_CHECK(false, "unknown activation");
+}
+
+}  // namespace
+
+void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
+                      int64_t ldout, int64_t rows, int64_t inter) {
+  const DType rd = spec.round_dtype;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in + r * ldin;
+    float* y = out + r * ldout;
+    if (spec.alpha) {
+      const float alpha = *spec.alpha, limit = spec.clamp_limit;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float gate = std::min(x[2 * i], limit);
+        const float up = std::clamp(x[2 * i + 1], -limit, limit);
+        const float glu = gate / (1.0f + std::exp(-alpha * gate));
+        y[i] = round_to(rd, glu * (up + spec.beta));
+      }
+    } else if (!spec.gated) {
+      for (int64_t i = 0; i < inter; ++i) y[i] = round_to(rd, unary(spec.kind, x[i]));
+    } else {
+      for (int64_t i = 0; i < inter; ++i) {
+        float gate = x[i], up = x[inter + i];
+        if (spec.swiglu_limit) {
+          gate = std::min(gate, *spec.swiglu_limit);
+          up = std::clamp(up, -*spec.swiglu_limit, *spec.swiglu_limit);
+        }
+        float act = unary(spec.kind, gate);
+        if (spec.round_before_mul) act = round_to(rd, act);
+        y[i] = round_to(rd, act * up);
+      }
+    }
+  }
+}
+
+}  // namespace moecore

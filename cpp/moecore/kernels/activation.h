@@ -1,0 +1,40 @@
+// Activation epilogues between GEMM1 and GEMM2, computed in fp32 from GEMM1's stored values.
+// Formulas follow spec §7.6: SwiGLU / GeGLU on [gate | up] halves, plain non-gated activations,
+// GPT-OSS clamped SwiGLU on interleaved columns, the DSv4 clamp on halves.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "moecore/core/dtype.h"
+#include "moecore/core/enums.h"
+
+namespace moecore {
+
+struct ActivationSpec {
+  Activation kind = Activation::SILU;
+  bool gated = true;
+  /// GPT-OSS clamped SwiGLU (gemm1_alpha set): interleaved [g0, u0, g1, u1, ...] columns,
+  /// out = min(g, L)·σ(α·min(g, L))·(clamp(u, −L, L) + β).
+  std::optional<float> alpha;
+  float clamp_limit = 0.0f;
+  float beta = 1.0f;
+  /// DSv4 clamp on halves: g = min(g, L), u = clamp(u, −L, L), then silu(g)·u.
+  std::optional<float> swiglu_limit;
+  /// torch-native semantics (SiluAndMul.forward_native): round act(gate) to `round_dtype`
+  /// before multiplying by up, then round the product. Otherwise one rounding at the end.
+  bool round_before_mul = false;
+  DType round_dtype = DType::kF32;
+};
+
+/// in: `rows` rows of fp32 GEMM1 values (width 2·inter if gated, else inter; stride ldin);
+/// out: rows of `inter` fp32 values rounded to spec.round_dtype (stride ldout).
+void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
+                      int64_t ldout, int64_t rows, int64_t inter);
+
+/// Scalar activation functions, shared by kernels and tests.
+float silu(float x);
+float gelu_erf(float x);
+float gelu_tanh(float x);
+
+}  // namespace moecore

@@ -1,0 +1,87 @@
+// FusedMoE (sglang fused_moe_triton/layer.py): owns the expert weights of one rank, loads
+// per-expert checkpoint shards into them, and wires routing → dispatcher → quant method →
+// MoeRunner → combine. Tensor-parallel narrowing and expert-parallel id mapping happen here;
+// summing the ranks' outputs (reduce_results) is the caller's.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moecore/dispatch/dispatcher.h"
+#include "moecore/quant/method.h"
+
+namespace moecore {
+
+struct FusedMoEOptions {
+  int64_t num_experts = 0;        // global, including fused shared experts
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // full (before TP sharding)
+  TopKConfig topk_config;         // routing used by forward(hidden_states, router_logits)
+  std::optional<int64_t> layer_id;
+  DType params_dtype = DType::kBF16;
+  bool with_bias = false;
+  int64_t tp_size = 1, tp_rank = 0, ep_size = 1, ep_rank = 0;
+  MoeRunnerConfig runner_config;  // activation, gating, scaling, ... (sizes are filled in)
+  /// nullopt: the process-wide backends at construction (sglang reads them the same way).
+  std::optional<MoeRunnerBackend> runner_backend;
+  std::optional<MoeA2ABackend> a2a_backend;
+};
+
+class FusedMoE {
+ public:
+  /// Builds the layer: validates sizes, creates the quant method's parameters (zeros) and the
+  /// dispatcher. The runner is built by process_weights_after_loading().
+  FusedMoE(FusedMoEOptions options, std::shared_ptr<FusedMoEMethod> quant_method = nullptr);
+
+  /// sglang's weight_loader: copies one checkpoint tensor for global `expert_id` into the
+  /// parameter: shard "w1"/"w3" of [I_full, H] into w13 (rows narrowed to this TP rank; w1 at
+  /// offset 0 and w3 at offset I unless the method loads up-proj first), "w2" of [H, I_full]
+  /// into w2 (columns narrowed). Biases: "w13_weight_bias" shards [I_full], "w2_weight_bias"
+  /// [H] (kept on TP rank 0 only, so the ranks' sum has it once). Experts of other EP ranks are
+  /// ignored. Returns whether the tensor was used.
+  bool weight_loader(const std::string& param_name, const Tensor& loaded_weight,
+                     const std::string& shard_id, int64_t expert_id);
+  /// Runs the quant method's layout changes and builds the runner. Call once after loading.
+  void process_weights_after_loading();
+
+  /// hidden_states [T, H], router_logits [T, E_routed] → [T, H].
+  Tensor forward(const Tensor& hidden_states, const Tensor& router_logits,
+                 std::optional<int64_t> num_token_non_padded = std::nullopt);
+  /// sglang's forward(hidden_states, topk_output).
+  Tensor forward_topk(const Tensor& hidden_states, const TopKOutput& topk_output);
+
+  void register_parameter(const std::string& name, Tensor tensor);
+  const Tensor& parameter(const std::string& name) const;  // throws if absent
+  Tensor find_parameter(const std::string& name) const;    // undefined if absent
+  std::vector<std::string> parameter_names() const;
+
+  const MoeRunnerConfig& config() const { return config_; }
+  const FusedMoEOptions& options() const { return options_; }
+  MoeRunnerBackend runner_backend() const { return runner_backend_; }
+  MoeA2ABackend a2a_backend() const { return a2a_backend_; }
+  int64_t num_local_experts() const { return num_local_experts_; }
+  int64_t intermediate_size_per_partition() const { return inter_per_partition_; }
+  const std::shared_ptr<FusedMoEMethod>& quant_method() const { return quant_method_; }
+  const std::shared_ptr<StandardDispatcher>& dispatcher() const { return dispatcher_; }
+  /// Null until process_weights_after_loading().
+  const std::shared_ptr<MoeRunner>& runner() const { return quant_method_->runner(); }
+  /// Local id of a global expert on this EP rank, or −1.
+  int64_t local_expert_id(int64_t global_expert_id) const;
+  void set_overlap_args(std::any down, std::any meta);
+  void clear_overlap_args();
+
+ private:
+  FusedMoEOptions options_;
+  MoeRunnerConfig config_;
+  MoeRunnerBackend runner_backend_;
+  MoeA2ABackend a2a_backend_;
+  int64_t num_local_experts_ = 0, inter_per_partition_ = 0;
+  std::shared_ptr<FusedMoEMethod> quant_method_;
+  std::shared_ptr<StandardDispatcher> dispatcher_;
+  std::map<std::string, Tensor> params_;
+};
+
+}  // namespace moecore

@@ -1,0 +1,54 @@
+// The quant-method interface (sglang FusedMoEMethodBase): create_weights registers the layer's
+// parameters, process_weights_after_loading changes layouts once, create_moe_runner resolves
+// 'auto' and builds the MoeRunner, apply builds the QuantInfo and runs the runner.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "moecore/dispatch/types.h"
+#include "moecore/runner/runner.h"
+
+namespace moecore {
+
+class FusedMoE;
+
+class FusedMoEMethod {
+ public:
+  virtual ~FusedMoEMethod() = default;
+  virtual const char* name() const = 0;
+  /// Registers zero-filled parameters on the layer (shapes per spec §6).
+  virtual void create_weights(FusedMoE& layer, int64_t num_experts, int64_t hidden_size,
+                              int64_t intermediate_size_per_partition, DType params_dtype,
+                              bool with_bias) = 0;
+  virtual void process_weights_after_loading(FusedMoE& layer) = 0;
+  /// Resolves the runner backend (config's, else the process-wide one; 'auto' per method) and
+  /// builds the runner. Throws Unsupported for backends this method cannot use.
+  virtual void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) = 0;
+  virtual CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) = 0;
+  /// True when w13 is loaded as [Up, Gate] (sglang's load_up_proj_weight_first).
+  virtual bool load_up_proj_weight_first() const { return false; }
+
+  const std::shared_ptr<MoeRunner>& runner() const { return runner_; }
+
+ protected:
+  std::shared_ptr<MoeRunner> runner_;
+};
+
+/// UnquantizedFusedMoEMethod (sglang quantization/unquant.py): w13 [E, 2I, H] (or [E, I, H]
+/// non-gated) and w2 [E, H, I] in params_dtype, optional biases "w13_weight_bias" [E, 2I] and
+/// "w2_weight_bias" [E, H] (f32). Backends: triton (auto) and torch_native.
+class UnquantizedFusedMoEMethod : public FusedMoEMethod {
+ public:
+  const char* name() const override { return "UnquantizedFusedMoEMethod"; }
+  void create_weights(FusedMoE& layer, int64_t num_experts, int64_t hidden_size,
+                      int64_t intermediate_size_per_partition, DType params_dtype,
+                      bool with_bias) override;
+  void process_weights_after_loading(FusedMoE& layer) override;
+  void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) override;
+  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) override;
+  /// The QuantInfo apply() would pass for this layer and backend.
+  QuantInfoPtr quant_info(const FusedMoE& layer) const;
+};
+
+}  // namespace moecore

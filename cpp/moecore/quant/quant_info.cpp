@@ -1,0 +1,2 @@
+// Anchor for the QuantInfo vtables.
+#include "moecore/quant/quant_info.h"

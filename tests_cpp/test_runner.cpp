@@ -1,0 +1,288 @@
+// MoeRunner and its registries: the registered keys, sglang's construction errors (R1, R2),
+// every executable path against the fp64 Eigen reference, fused == forced-permute path (R3),
+// determinism across threads and ISA levels, batch invariance, empty input (R9), ids −1 (R14).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "moecore/core/error.h"
+#include "moecore/core/thread_pool.h"
+#include "moecore/dispatch/dispatcher.h"
+#include "moecore/runner/expert_compute.h"
+#include "moecore/runner/runner.h"
+#include "support/moe_problem.h"
+
+namespace moecore {
+namespace {
+
+using testing::make_problem;
+using testing::MoeProblem;
+
+TEST(RegistryTest, RegisteredKeysEqualTheExpectedTable) {
+  EXPECT_TRUE(registration_errors().empty());
+  std::set<std::pair<std::string, std::string>> fused, pre, post;
+  std::set<std::string> cores;
+  for (const auto& [k, origin] : registered_fused_funcs())
+    fused.insert({to_string(k.first), to_string(k.second)});
+  for (const auto& [k, origin] : registered_pre_permutes())
+    pre.insert({to_string(k.first), to_string(k.second)});
+  for (const auto& [k, origin] : registered_post_permutes())
+    post.insert({to_string(k.first), to_string(k.second)});
+  for (const auto& [k, origin] : registered_runner_cores()) cores.insert(to_string(k));
+  const std::set<std::pair<std::string, std::string>> expected_fused = {{"none", "triton"},
+                                                                        {"none", "torch_native"}};
+  const std::set<std::pair<std::string, std::string>> expected_pre = {
+      {"standard", "triton"}, {"standard", "torch_native"}};
+  const std::set<std::pair<std::string, std::string>> expected_post = {
+      {"triton", "standard"}, {"torch_native", "standard"}};
+  EXPECT_EQ(fused, expected_fused);
+  EXPECT_EQ(pre, expected_pre);
+  EXPECT_EQ(post, expected_post);
+  EXPECT_EQ(cores, (std::set<std::string>{"triton", "torch_native"}));
+  for (const auto& [k, origin] : registered_fused_funcs())
+    EXPECT_EQ(origin.rfind("cpp/moecore/runner/backends/", 0), 0u) << origin;
+}
+
+TEST(RegistryTest, DuplicatesAreRejectedWithSglangMessages) {
+  auto noop_fused = [](const DispatchOutputPtr&, const QuantInfoPtr&, const MoeRunnerConfig&) {
+    return CombineInputPtr();
+  };
+  try {
+    register_fused_func(MoeA2ABackend::NONE, MoeRunnerBackend::TRITON, noop_fused, "test");
+    FAIL() << "duplicate accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "Fused function for none to triton is already registered.");
+  }
+  try {
+    register_pre_permute(DispatchOutputFormat::STANDARD, MoeRunnerBackend::TRITON,
+                         [](auto&&...) { return RunnerInputPtr(); }, "test");
+    FAIL() << "duplicate accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "Pre-permute method for standard to triton is already registered.");
+  }
+  try {
+    register_post_permute(MoeRunnerBackend::TRITON, DispatchOutputFormat::STANDARD,
+                          [](auto&&...) { return CombineInputPtr(); }, "test");
+    FAIL() << "duplicate accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "Post-permute method for triton to standard is already registered.");
+  }
+}
+
+TEST(MoeRunnerTest, ConstructionErrorsR1) {
+  MoeRunnerConfig config;
+  try {
+    MoeRunner r(MoeRunnerBackend::MARLIN, config, MoeA2ABackend::DEEPEP);
+    FAIL();
+  } catch (const Unsupported& e) {
+    EXPECT_STREQ(e.what(),
+                 "Runner backend MoeRunnerBackend.MARLIN requires a fused func for a2a backend "
+                 "deepep, but none is registered.");
+  }
+  try {
+    MoeRunner r(MoeRunnerBackend::DEEP_GEMM, config, MoeA2ABackend::NONE);
+    FAIL();
+  } catch (const Unsupported& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("Unsupported runner backend: MoeRunnerBackend.DEEP_GEMM", 0), 0u);
+  }
+  EXPECT_THROW(MoeRunner(MoeRunnerBackend::AUTO, config), Unsupported);
+  EXPECT_THROW(MoeRunner(MoeRunnerBackend::TRITON, config, MoeA2ABackend::NONE, true), Unsupported);
+  config.activation = "swish";
+  try {
+    MoeRunner r(MoeRunnerBackend::TRITON, config);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "Unsupported activation: activation='swish'");
+  }
+}
+
+struct PathParam {
+  MoeRunnerBackend backend;
+  bool unfused;
+  DType dtype;
+};
+
+QuantInfoPtr quant_info_for(MoeRunnerBackend backend, const MoeProblem& p) {
+  if (backend == MoeRunnerBackend::TORCH_NATIVE) {
+    auto q = std::make_shared<TorchNativeMoeQuantInfo>();
+    q->w13_weight = p.w13;
+    q->w2_weight = p.w2;
+    return q;
+  }
+  auto q = std::make_shared<TritonMoeQuantInfo>();
+  q->w13_weight = p.w13;
+  q->w2_weight = p.w2;
+  return q;
+}
+
+Tensor run_path(const PathParam& param, const MoeProblem& p, float rsf = 1.0f,
+                std::optional<IsaLevel> level = std::nullopt) {
+  MoeRunnerConfig config;
+  config.inplace = false;
+  config.force_unfused = param.unfused;
+  config.isa_level = level;
+  if (rsf != 1.0f) config.routed_scaling_factor = rsf;
+  MoeRunner runner(param.backend, config, MoeA2ABackend::NONE);
+  EXPECT_EQ(runner.uses_fused_func(), !param.unfused);
+  auto d = std::make_shared<StandardDispatchOutput>();
+  d->hidden_states = p.x;
+  d->topk_output = StandardTopKOutput{p.topk_weights, p.topk_ids, {}};
+  auto out = runner.run(d, quant_info_for(param.backend, p));
+  return std::dynamic_pointer_cast<StandardCombineInput>(out)->hidden_states;
+}
+
+class RunnerPathTest : public ::testing::TestWithParam<PathParam> {};
+
+TEST_P(RunnerPathTest, MatchesFp64Reference) {
+  const PathParam param = GetParam();
+  std::mt19937 rng(11);
+  for (auto [T, E, H, I, k] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{1, 4, 32, 16, 2},
+                               {7, 8, 40, 24, 2}, {64, 8, 64, 48, 4}, {3, 1, 17, 5, 1}}) {
+    MoeProblem p = make_problem(rng, T, E, H, I, k, param.dtype);
+    const float rsf = 1.5f;
+    Tensor out = run_path(param, p, rsf);
+    const std::vector<double> ref = testing::reference_moe(p, rsf);
+    const std::vector<float> got = testing::to_floats(out);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      err += (got[i] - ref[i]) * (got[i] - ref[i]);
+      norm += ref[i] * ref[i];
+      const double tol = param.dtype == DType::kF32 ? 1e-5 : 2e-2;
+      EXPECT_NEAR(got[i], ref[i], tol + tol * std::abs(ref[i])) << i;
+    }
+    EXPECT_LT(err / std::max(norm, 1e-30), param.dtype == DType::kF32 ? 1e-10 : 1e-4);
+  }
+}
+
+TEST_P(RunnerPathTest, DeterministicAcrossThreadsLevelsAndBatches) {
+  const PathParam param = GetParam();
+  std::mt19937 rng(5);
+  MoeProblem p = make_problem(rng, 64, 8, 40, 24, 2, param.dtype);
+  ThreadPool::instance().set_num_threads(1);
+  const std::vector<float> base = testing::to_floats(run_path(param, p, 1.0f, IsaLevel::kScalar));
+  for (int threads : {1, 2, 3}) {
+    ThreadPool::instance().set_num_threads(threads);
+    for (IsaLevel level : available_isa_levels())
+      EXPECT_EQ(testing::to_floats(run_path(param, p, 1.0f, level)), base)
+          << threads << " threads, " << isa_level_name(level);
+  }
+  ThreadPool::instance().set_num_threads(available_cpus());
+  // Batch invariance: every token alone gives the bits it gets inside the batch.
+  for (int64_t t : {0, 13, 63}) {
+    MoeProblem one = p;
+    one.T = 1;
+    one.x = Tensor::copy_of([&] {
+      TensorView v = p.x.view();
+      v.data = v.at({t, 0});
+      v.shape[0] = 1;
+      return v;
+    }());
+    auto slice_row = [&](const Tensor& src) {
+      TensorView v = src.view();
+      v.data = v.at({t, 0});
+      v.shape[0] = 1;
+      return Tensor::copy_of(v);
+    };
+    one.topk_ids = slice_row(p.topk_ids);
+    one.topk_weights = slice_row(p.topk_weights);
+    const std::vector<float> alone = testing::to_floats(run_path(param, one));
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), base.begin() + t * p.H)) << "token " << t;
+  }
+}
+
+TEST_P(RunnerPathTest, EmptyInputR9AndInvalidIdsR14) {
+  const PathParam param = GetParam();
+  std::mt19937 rng(9);
+  MoeProblem empty = make_problem(rng, 0, 4, 16, 8, 2, param.dtype);
+  Tensor out = run_path(param, empty);
+  EXPECT_EQ(out.size(0), 0);
+  EXPECT_EQ(out.size(1), 16);
+  // A slot with id −1 contributes exactly nothing: equals the same problem with k reduced.
+  MoeProblem p = make_problem(rng, 5, 4, 16, 8, 2, param.dtype);
+  MoeProblem reduced = p;
+  reduced.k = 1;
+  reduced.topk_ids = Tensor::empty({5, 1}, DType::kI32);
+  reduced.topk_weights = Tensor::empty({5, 1}, DType::kF32);
+  for (int64_t t = 0; t < 5; ++t) {
+    reduced.topk_ids.ptr<int32_t>()[t] = p.topk_ids.ptr<int32_t>()[2 * t];
+    reduced.topk_weights.ptr<float>()[t] = p.topk_weights.ptr<float>()[2 * t];
+    p.topk_ids.ptr<int32_t>()[2 * t + 1] = -1;
+  }
+  EXPECT_EQ(testing::to_floats(run_path(param, p)), testing::to_floats(run_path(param, reduced)));
+}
+
+std::vector<PathParam> paths() {
+  std::vector<PathParam> out;
+  for (const auto& [backend, origin] : registered_runner_cores())
+    for (bool unfused : {false, true})
+      for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) out.push_back({backend, unfused, d});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, RunnerPathTest, ::testing::ValuesIn(paths()), [](const auto& info) {
+  return to_string(info.param.backend) + (info.param.unfused ? "_permute_" : "_fused_") +
+         dtype_name(info.param.dtype);
+});
+
+// A dispatch output whose format has no registered permute for the backend.
+struct FakeLowLatencyOutput : DispatchOutput {
+  DispatchOutputFormat format() const override { return DispatchOutputFormat::DEEPEP_LL; }
+};
+
+TEST(MoeRunnerTest, MissingPermuteIsSglangsAssertion) {
+  MoeRunnerConfig config;
+  config.force_unfused = true;
+  MoeRunner runner(MoeRunnerBackend::TRITON, config, MoeA2ABackend::NONE);
+  try {
+    runner.run(std::make_shared<FakeLowLatencyOutput>(), std::make_shared<TritonMoeQuantInfo>());
+    FAIL();
+  } catch (const ContractViolation& e) {
+    EXPECT_STREQ(e.what(), "Pre-permute function for deepep_ll to triton is not registered");
+  }
+}
+
+TEST(ExpertLayoutTest, AlignBlockSizeMatchesSglangLayout) {
+  // T=3, k=2: ids [[1, 0], [1, -1], [0, 1]]; block 4.
+  Tensor ids = Tensor::empty({3, 2}, DType::kI32);
+  const int32_t values[] = {1, 0, 1, -1, 0, 1};
+  std::copy(values, values + 6, ids.ptr<int32_t>());
+  Tensor w = Tensor::zeros({3, 2}, DType::kF32);
+  RoutedTokens tokens;
+  tokens.topk_ids = ids.view();
+  tokens.topk_weights = w.view();
+  tokens.num_tokens = 3;
+  tokens.top_k = 2;
+  BlockLayout layout = align_block_size(tokens, 3, 4);
+  EXPECT_EQ(layout.num_tokens_post_padded, 8);
+  const std::vector<int32_t> sorted(layout.sorted_token_ids.ptr<int32_t>(),
+                                    layout.sorted_token_ids.ptr<int32_t>() + 8);
+  EXPECT_EQ(sorted, (std::vector<int32_t>{1, 4, 6, 6, 0, 2, 5, 6}));
+  EXPECT_EQ(layout.expert_ids.ptr<int32_t>()[0], 0);
+  EXPECT_EQ(layout.expert_ids.ptr<int32_t>()[1], 1);
+  SortedLayout sorted_layout = sort_by_expert(tokens, 3);
+  const std::vector<int64_t> idxs(sorted_layout.idxs.ptr<int64_t>(),
+                                  sorted_layout.idxs.ptr<int64_t>() + 5);
+  EXPECT_EQ(idxs, (std::vector<int64_t>{1, 4, 0, 2, 5}));
+  EXPECT_EQ(sorted_layout.tokens_per_expert.ptr<int64_t>()[2], 0);
+}
+
+TEST(StandardDispatcherTest, MapsGlobalIdsToLocalR14) {
+  // 8 routed + 1 shared expert over 2 ranks; rank 1 owns routed 4..7 → 0..3, shared 8 → 4.
+  StandardDispatcher d(9, 2, 1, 1);
+  const int32_t* map = d.local_expert_mapping().ptr<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(map, map + 9), (std::vector<int32_t>{-1, -1, -1, -1, 0, 1, 2, 3, 4}));
+  Tensor ids = Tensor::empty({1, 4}, DType::kI32);
+  const int32_t values[] = {5, -1, 8, 0};
+  std::copy(values, values + 4, ids.ptr<int32_t>());
+  auto out = std::dynamic_pointer_cast<StandardDispatchOutput>(
+      d.dispatch(Tensor::zeros({1, 4}, DType::kF32),
+                 StandardTopKOutput{Tensor::zeros({1, 4}, DType::kF32), ids, {}}));
+  const int32_t* local = std::get<StandardTopKOutput>(out->topk_output).topk_ids.ptr<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(local, local + 4), (std::vector<int32_t>{1, -1, 4, -1}));
+  EXPECT_THROW(StandardDispatcher(9, 2, 2, 1), OutOfRange);
+  EXPECT_THROW(StandardDispatcher(10, 4, 0, 1), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace moecore

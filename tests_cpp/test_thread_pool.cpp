@@ -1,0 +1,77 @@
+// Thread pool: static chunks cover [0, n) exactly once, exceptions reach the caller, nested calls
+// run serially, resizing works, and concurrent callers take turns.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "moecore/core/error.h"
+#include "moecore/core/thread_pool.h"
+
+namespace moecore {
+namespace {
+
+class ThreadPoolTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override { ThreadPool::instance().set_num_threads(GetParam()); }
+  void TearDown() override { ThreadPool::instance().set_num_threads(available_cpus()); }
+};
+
+TEST_P(ThreadPoolTest, EveryItemExactlyOnce) {
+  for (int64_t n : {1, 2, 3, 17, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST_P(ThreadPoolTest, ExceptionsReachTheCaller) {
+  for (int64_t failing : {0, 500, 999}) {
+    EXPECT_THROW(parallel_for(1000, [&](int64_t b, int64_t e) {
+                   for (int64_t i = b; i < e; ++i)
+                     if (i == failing) MOECORE_THROW(InvalidArgument, "item ", i);
+                 }),
+                 InvalidArgument);
+  }
+  // The pool still works after an exception.
+  std::atomic<int64_t> sum{0};
+  parallel_for(100, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 4950);
+}
+
+TEST_P(ThreadPoolTest, NestedCallsRunInline) {
+  std::atomic<int64_t> count{0};
+  parallel_for(8, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      parallel_for(10, [&](int64_t b2, int64_t e2) { count += e2 - b2; });
+  });
+  EXPECT_EQ(count.load(), 80);
+}
+
+TEST_P(ThreadPoolTest, ConcurrentCallersTakeTurns) {
+  std::vector<std::thread> callers;
+  std::atomic<int64_t> total{0};
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&] {
+      for (int r = 0; r < 50; ++r)
+        parallel_for(64, [&](int64_t b, int64_t e) { total += e - b; });
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 4 * 50 * 64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, ThreadPoolTest, ::testing::Values(1, 2, 3, 8),
+                         [](const auto& info) { return "T" + std::to_string(info.param); });
+
+TEST(ThreadPoolConfigTest, RejectsBadSizes) {
+  EXPECT_THROW(ThreadPool::instance().set_num_threads(0), InvalidArgument);
+  EXPECT_THROW(ThreadPool::instance().set_num_threads(100000), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace moecore
