@@ -7,3 +7,7 @@ and check them against independent packages. Add each new module's public names 
 from .routing import compute_scores_ref, select_experts_ref, topk_order_ref
 
 __all__ = ["compute_scores_ref", "select_experts_ref", "topk_order_ref"]
+
+from .moe import activation_ref, fused_moe_ref, moe_layer_ref  # noqa: E402
+
+__all__ += ["activation_ref", "fused_moe_ref", "moe_layer_ref"]

@@ -275,6 +275,7 @@ def moe_layer_ref(
     topk_routed_scaling_factor=None,
     apply_routed_scaling_factor_on_output: bool = False,
     num_fused_shared_experts: int = 0,
+    fused_shared_experts_scaling_factor=None,
     num_token_non_padded=None,
     **expert_kwargs,
 ):
@@ -299,6 +300,7 @@ def moe_layer_ref(
         routed_scaling_factor=topk_routed_scaling_factor,
         apply_routed_scaling_factor_on_output=apply_routed_scaling_factor_on_output,
         num_fused_shared_experts=num_fused_shared_experts,
+        fused_shared_experts_scaling_factor=fused_shared_experts_scaling_factor,
         num_token_non_padded=num_token_non_padded,
     )
     out = fused_moe_ref(x, w13, w2, weights, ids, **expert_kwargs)
