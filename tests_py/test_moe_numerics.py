@@ -134,7 +134,8 @@ def test_bias(path, dtype, activation, gated, bias_dtype):
     assert not is_close(ref, unbiased, dtype), "biases did not change the reference"
 
 
-# The clamp options need GEMM1 values beyond the limit: scale 4 gives |h1| up to ~15.
+# The clamp options need GEMM1 values beyond the limit: scale 4 gives |h1| up to ~15; a small W2
+# keeps GEMM2's terms from cancelling at that size.
 CLAMPS = [
     pytest.param(dict(gemm1_alpha=1.702, gemm1_clamp_limit=7.0), False, id="gptoss"),
     pytest.param(dict(gemm1_alpha=1.702, gemm1_clamp_limit=7.0, gemm1_beta=0.5), True,
@@ -150,7 +151,8 @@ CLAMPS = [
 @pytest.mark.parametrize("path,dtype", path_params(PATHS, DTYPES))
 def test_clamped_swiglu(path, dtype, opts, bias):
     rng = np.random.default_rng(_seed("clamp", dtype, sorted(opts.items()), bias))
-    p = make_moe_problem(rng, T=64, E=4, H=40, I=24, k=2, dtype=dtype, bias=bias, scale=4.0)
+    p = make_moe_problem(rng, T=64, E=4, H=40, I=24, k=2, dtype=dtype, bias=bias, scale=4.0,
+                         w2_scale=0.25)
     _, ref = check_against_reference(path, p, isa=BEST_ISA, **opts)
     plain = reference(path, p)
     assert not is_close(ref, plain, dtype), "the clamp did not change the reference"
@@ -268,6 +270,8 @@ def test_isa_levels_and_threads_bitwise(path, dtype, H, I, num_threads):  # noqa
                 assert_bitwise_equal(out, first[0], what=f"isa={isa} threads={n} vs "
                                      f"isa={first[1]} threads={first[2]}")
             assert_bitwise_equal(run_moe(path, p, isa=isa), out, what="repeated run")
+        with moecore.isa_level(isa):  # the process-wide level, read when the runner is built
+            assert_bitwise_equal(run_moe(path, p), first[0], what=f"moecore.isa_level({isa!r})")
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -9,6 +9,7 @@ using namespace pybind11::literals;
 
 void bind_errors(py::module_& m);
 void bind_core(py::module_& m);
+void bind_formats(py::module_& m);
 void bind_routing(py::module_& m);
 void bind_dispatch(py::module_& m);
 void bind_quant(py::module_& m);

@@ -6,6 +6,7 @@ PYBIND11_MODULE(_moecore, m) {
   m.doc() = "moecore's C++ core (private; import moecore instead)";
   bind_errors(m);
   bind_core(m);
+  bind_formats(m);
   bind_routing(m);
   bind_dispatch(m);
   bind_quant(m);

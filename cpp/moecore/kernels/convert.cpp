@@ -9,6 +9,7 @@
 namespace moecore {
 
 void load_f32(const void* src, DType dtype, int64_t n, float* dst) {
+  if (n <= 0) return;  // empty tensors may have null data
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
@@ -29,6 +30,7 @@ void load_f32(const void* src, DType dtype, int64_t n, float* dst) {
 }
 
 void store_f32(const float* src, int64_t n, DType dtype, void* dst) {
+  if (n <= 0) return;
   switch (dtype) {
     case DType::kF32:
       std::memmove(dst, src, static_cast<size_t>(n) * 4);

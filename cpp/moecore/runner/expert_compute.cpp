@@ -214,4 +214,20 @@ void combine_topk(const RoutedTokens& tokens, const TensorView& slot_out, bool w
   });
 }
 
+void weight_slots(const RoutedTokens& tokens, const TensorView& slot_out) {
+  const int64_t hidden = slot_out.shape[2];
+  parallel_for(tokens.num_tokens, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(hidden);
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t j = 0; j < tokens.top_k; ++j) {
+        if (tokens.id(t, j) < 0) continue;
+        void* slot = slot_out.at({t, j, 0});
+        load_f32(slot, slot_out.dtype, hidden, row.data());
+        const float w = tokens.weight(t, j);
+        for (float& v : row) v *= w;
+        store_f32(row.data(), hidden, slot_out.dtype, slot);
+      }
+  });
+}
+
 }  // namespace moecore

@@ -66,4 +66,7 @@ void expert_mlp(const ExpertWeights& w, int64_t expert, const float* a, int64_t 
 void combine_topk(const RoutedTokens& tokens, const TensorView& slot_out, bool weighted, float rsf,
                   const TensorView& out);
 
+/// In place: slot_out[t, j] = round(w[t, j] · slot_out[t, j]) for valid slots (fp32 product).
+void weight_slots(const RoutedTokens& tokens, const TensorView& slot_out);
+
 }  // namespace moecore

@@ -27,6 +27,11 @@ def error_stats(actual, expected) -> dict:
              "cosine": 1.0}
     if a.size == 0:
         return stats
+    with np.errstate(all="ignore"):  # inf − inf and 0/0 are handled below, not warned about
+        return _fill_stats(stats, a, e)
+
+
+def _fill_stats(stats: dict, a: np.ndarray, e: np.ndarray) -> dict:
     finite = np.isfinite(a) & np.isfinite(e)
     diff = np.where(finite, np.abs(a - e), np.inf)
     idx = np.unravel_index(int(np.argmax(diff)), diff.shape)
@@ -35,10 +40,11 @@ def error_stats(actual, expected) -> dict:
     stats["max_abs"] = float(diff[idx])
     stats["argmax_abs"] = tuple(int(i) for i in idx)
     stats["nmse"] = err / energy if energy > 0 else (0.0 if err == 0 else float("inf"))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(e != 0, diff / np.abs(e), np.where(diff == 0, 0.0, np.inf))
+    rel = np.where(e != 0, diff / np.abs(e), np.where(diff == 0, 0.0, np.inf))
+    rel = np.where(finite, rel, np.inf)
     stats["max_rel"] = float(np.max(rel))
-    na, ne = float(np.linalg.norm(np.where(finite, a, 0))), float(np.linalg.norm(np.where(finite, e, 0)))
+    na = float(np.linalg.norm(np.where(finite, a, 0.0)))
+    ne = float(np.linalg.norm(np.where(finite, e, 0.0)))
     if na == 0 and ne == 0:
         stats["cosine"] = 1.0
     elif na == 0 or ne == 0:
@@ -98,7 +104,8 @@ def assert_close(actual, expected, kind, *, what: str = "output", allow_nonfinit
     if a.size == 0:
         return
     finite = np.isfinite(a) & np.isfinite(e)
-    excess = np.where(finite, np.abs(a - e) - (tol.atol + tol.rtol * np.abs(e)), 0.0)
+    with np.errstate(all="ignore"):
+        excess = np.where(finite, np.abs(a - e) - (tol.atol + tol.rtol * np.abs(e)), 0.0)
     n_bad = int(np.sum(excess > 0))
     if n_bad:
         raise AssertionError(

@@ -9,7 +9,7 @@
 // outputs are scattered back to (token, slot), cast to fp32, multiplied by the routed weight,
 // summed over slots in order, multiplied by routed_scaling_factor and rounded once.
 // apply_router_weight_on_input is rejected (as sglang's native path does); no_combine returns
-// the per-slot rows [T, k, H] unweighted by rsf; inplace is not used (a new output is returned).
+// the weighted per-slot rows round(w · y) [T, k, H] without rsf; inplace is not used.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -147,13 +147,16 @@ CombineInputPtr post_permute_torch_native_to_standard(const RunnerOutputPtr& run
   for (int64_t i = 0; i < in.idxs.size(0); ++i)
     std::memcpy(slots.view().at({idxs[i] / top_k, idxs[i] % top_k, 0}),
                 out->hidden_states.view().at({i, 0}), static_cast<size_t>(hidden * elem));
-  if (config.no_combine) return std::make_shared<StandardCombineInput>(slots);
-  Tensor result = Tensor::empty({num_tokens, hidden}, in.hidden_states.dtype());
   RoutedTokens tokens;
   tokens.topk_ids = in.topk_ids.view();
   tokens.topk_weights = in.topk_weights.view();
   tokens.num_tokens = num_tokens;
   tokens.top_k = top_k;
+  if (config.no_combine) {
+    weight_slots(tokens, slots.view());
+    return std::make_shared<StandardCombineInput>(slots);
+  }
+  Tensor result = Tensor::empty({num_tokens, hidden}, in.hidden_states.dtype());
   combine_topk(tokens, slots.view(), /*weighted=*/true, config.routed_scaling_factor.value_or(1.0f),
                result.view());
   return std::make_shared<StandardCombineInput>(result);
