@@ -14,10 +14,9 @@ from __future__ import annotations
 import pathlib
 import re
 
+import moecore
 import numpy as np
 import pytest
-
-import moecore
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -69,8 +68,11 @@ def test_registered_keys_equal_expected_table(name, listing, key_len, expected, 
 def test_backend_file_opener_names_its_keys():
     """Each backend file's opening comment lists what it registers (STYLE.md)."""
     for runner, rel in ORIGIN_FILE.items():
-        opener = " ".join(line.lstrip("/ ").strip() for line in
-                          (REPO / rel).read_text().splitlines()[:12] if line.startswith("//"))
+        opener = " ".join(
+            line.lstrip("/ ").strip()
+            for line in (REPO / rel).read_text().splitlines()[:12]
+            if line.startswith("//")
+        )
         opener = re.sub(r"\s+", " ", opener)
         assert f"runner core {runner.upper()}" in opener
         for a2a, r, origin in moecore.registered_fused_funcs():
@@ -89,10 +91,30 @@ def test_registration_errors_empty():
 
 
 def test_get_fused_func_reflects_registry():
-    assert moecore.get_fused_func("none", "triton") is True
-    assert moecore.get_fused_func(moecore.MoeA2ABackend.NONE, moecore.MoeRunnerBackend.TORCH_NATIVE) is True
-    assert moecore.get_fused_func("deepep", "triton") is False
-    assert moecore.get_fused_func(None, "triton") is True  # MoeA2ABackend(None) is NONE
+    assert moecore.get_fused_func("none", "triton") is not None
+    assert (
+        moecore.get_fused_func(moecore.MoeA2ABackend.NONE, moecore.MoeRunnerBackend.TORCH_NATIVE)
+        is not None
+    )
+    assert moecore.get_fused_func("deepep", "triton") is None
+    assert moecore.get_fused_func(None, "triton") is not None  # MoeA2ABackend(None) is NONE
+
+
+def test_get_fused_func_is_callable_like_sglangs():
+    """The returned callable runs the registered fused func: same bits as MoeRunner.run."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    w13 = (rng.standard_normal((4, 16, 16)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((4, 16, 8)) * 0.2).astype(np.float32)
+    logits = rng.standard_normal((5, 4)).astype(np.float32)
+    topk = moecore.select_experts(x, logits, moecore.TopKConfig(top_k=2))
+    config = moecore.MoeRunnerConfig(inplace=False)
+    dispatch = moecore.StandardDispatchOutput(x, topk_output=topk)
+    info = moecore.TritonMoeQuantInfo(w13_weight=w13, w2_weight=w2)
+    fused = moecore.get_fused_func("none", "triton")
+    direct = fused(dispatch, info, config).hidden_states
+    via_runner = moecore.MoeRunner("triton", config).run(dispatch, info).hidden_states
+    assert np.array_equal(direct, via_runner)
 
 
 def test_decorator_forms_return_the_function_unchanged():
@@ -114,12 +136,16 @@ def test_decorator_forms_return_the_function_unchanged():
         assert moecore.register_pre_permute("flashinfer", "triton", pre) is pre
         assert moecore.register_post_permute("triton", "flashinfer")(post) is post
         assert ("flashinfer", "triton") in {(f, r) for f, r, _ in moecore.registered_pre_permutes()}
-        assert ("triton", "flashinfer") in {(r, f) for r, f, _ in moecore.registered_post_permutes()}
+        assert ("triton", "flashinfer") in {
+            (r, f) for r, f, _ in moecore.registered_post_permutes()
+        }
     finally:
         assert moecore.unregister_fused_func("customized", "torch_native")
         moecore.unregister_pre_permute("flashinfer", "triton")
         moecore.unregister_post_permute("triton", "flashinfer")
-    assert ("customized", "torch_native") not in {(a, r) for a, r, _ in moecore.registered_fused_funcs()}
+    assert ("customized", "torch_native") not in {
+        (a, r) for a, r, _ in moecore.registered_fused_funcs()
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,11 +191,23 @@ SPEC_A2A_BACKENDS = {  # §2.2
 }
 SPEC_DEEPEP_MODES = {"NORMAL": "normal", "LOW_LATENCY": "low_latency", "AUTO": "auto"}  # §2.3
 SPEC_TOPK_FORMATS = {"STANDARD": 1, "TRITON_KERNEL": 2, "BYPASSED": 3}  # §2.5
-SPEC_DISPATCH_FORMATS = {"STANDARD": "standard", "DEEPEP_NORMAL": "deepep_normal", "DEEPEP_LL": "deepep_ll"}
+SPEC_DISPATCH_FORMATS = {
+    "STANDARD": "standard",
+    "DEEPEP_NORMAL": "deepep_normal",
+    "DEEPEP_LL": "deepep_ll",
+}
 SPEC_DISPATCH_FORMATS_NEWER = {"FLASHINFER": "flashinfer"}  # §2.6 (newer); value not in the spec
 # §4.2: backends whose runner_core is None (MARLIN: unless LoRA).
-SPEC_FUSED_ONLY = {"FLASHINFER_TRTLLM", "FLASHINFER_TRTLLM_ROUTED", "FLASHINFER_CUTEDSL",
-                   "FLASHINFER_CUTLASS", "FLASHINFER_MXFP4", "CUTLASS", "HPC_OPS", "MARLIN"}
+SPEC_FUSED_ONLY = {
+    "FLASHINFER_TRTLLM",
+    "FLASHINFER_TRTLLM_ROUTED",
+    "FLASHINFER_CUTEDSL",
+    "FLASHINFER_CUTLASS",
+    "FLASHINFER_MXFP4",
+    "CUTLASS",
+    "HPC_OPS",
+    "MARLIN",
+}
 SPEC_WITH_CORE = {"AUTO", "DEEP_GEMM", "TRITON", "TRITON_KERNELS", "AITER", "TORCH_NATIVE"}
 
 
@@ -213,10 +251,18 @@ def test_fused_only_backends_match_spec():
     assert not (SPEC_WITH_CORE & fused_only)
 
 
-@pytest.mark.parametrize("enum_cls", [moecore.MoeRunnerBackend, moecore.MoeA2ABackend,
-                                      moecore.DeepEPMode, moecore.DispatchOutputFormat,
-                                      moecore.CombineInputFormat, moecore.TopKOutputFormat],
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "enum_cls",
+    [
+        moecore.MoeRunnerBackend,
+        moecore.MoeA2ABackend,
+        moecore.DeepEPMode,
+        moecore.DispatchOutputFormat,
+        moecore.CombineInputFormat,
+        moecore.TopKOutputFormat,
+    ],
+    ids=lambda c: c.__name__,
+)
 def test_is_member_predicates(enum_cls):
     for member in enum_cls:
         for other in enum_cls:
@@ -229,14 +275,24 @@ def test_named_predicates():
     assert B("triton_kernel").is_triton_kernels()
     assert B.FLASHINFER_CUTEDSL.is_flashinfer_cutedsl()
     assert A(None) is A.NONE and A.NONE.is_none()
-    assert {a.name for a in A if a.supports_aiter()} == {"NONE", "DEEPEP", "MOONCAKE", "NIXL", "MORI"}
+    assert {a.name for a in A if a.supports_aiter()} == {
+        "NONE",
+        "DEEPEP",
+        "MOONCAKE",
+        "NIXL",
+        "MORI",
+    }
     assert {a.name for a in A if a.is_deepep_class_backend()} == {"DEEPEP", "MOONCAKE", "MORI"}
     assert M.AUTO.resolve(True) is M.NORMAL
     assert M.AUTO.resolve(False) is M.LOW_LATENCY
     assert M.NORMAL.resolve(False) is M.NORMAL
     assert M.LOW_LATENCY.resolve(True) is M.LOW_LATENCY
     assert [m.enable_normal() for m in (M.NORMAL, M.LOW_LATENCY, M.AUTO)] == [True, False, True]
-    assert [m.enable_low_latency() for m in (M.NORMAL, M.LOW_LATENCY, M.AUTO)] == [False, True, True]
+    assert [m.enable_low_latency() for m in (M.NORMAL, M.LOW_LATENCY, M.AUTO)] == [
+        False,
+        True,
+        True,
+    ]
     D = moecore.DispatchOutputFormat
     assert [d.is_deepep() for d in D] == [d.name in ("DEEPEP_NORMAL", "DEEPEP_LL") for d in D]
 
@@ -245,7 +301,10 @@ def test_formats_of_bound_objects():
     x = np.zeros((2, 4), np.float32)
     topk = moecore.StandardTopKOutput(np.ones((2, 1), np.float32), np.zeros((2, 1), np.int32))
     assert topk.format is moecore.TopKOutputFormat.STANDARD
-    assert moecore.StandardDispatchOutput(x, topk_output=topk).format is moecore.DispatchOutputFormat.STANDARD
+    assert (
+        moecore.StandardDispatchOutput(x, topk_output=topk).format
+        is moecore.DispatchOutputFormat.STANDARD
+    )
     assert moecore.StandardCombineInput(x).format is moecore.CombineInputFormat.STANDARD
 
 
@@ -254,18 +313,31 @@ def test_formats_of_bound_objects():
 
 
 def _state():
-    return (moecore.get_moe_a2a_backend(), moecore.get_moe_runner_backend(), moecore.get_deepep_mode())
+    return (
+        moecore.get_moe_a2a_backend(),
+        moecore.get_moe_runner_backend(),
+        moecore.get_deepep_mode(),
+    )
 
 
 def test_defaults():
-    assert _state() == (moecore.MoeA2ABackend.NONE, moecore.MoeRunnerBackend.AUTO, moecore.DeepEPMode.AUTO)
+    assert _state() == (
+        moecore.MoeA2ABackend.NONE,
+        moecore.MoeRunnerBackend.AUTO,
+        moecore.DeepEPMode.AUTO,
+    )
 
 
 def test_moe_backend_context_sets_and_restores():
     before = _state()
-    with moecore.moe_backend_context(a2a_backend="deepep", runner_backend="triton", deepep_mode="low_latency"):
-        assert _state() == (moecore.MoeA2ABackend.DEEPEP, moecore.MoeRunnerBackend.TRITON,
-                            moecore.DeepEPMode.LOW_LATENCY)
+    with moecore.moe_backend_context(
+        a2a_backend="deepep", runner_backend="triton", deepep_mode="low_latency"
+    ):
+        assert _state() == (
+            moecore.MoeA2ABackend.DEEPEP,
+            moecore.MoeRunnerBackend.TRITON,
+            moecore.DeepEPMode.LOW_LATENCY,
+        )
         with moecore.moe_backend_context(a2a_backend=moecore.MoeA2ABackend.FLASHINFER):
             assert _state()[0] is moecore.MoeA2ABackend.FLASHINFER
             assert _state()[1] is moecore.MoeRunnerBackend.TRITON  # untouched
@@ -279,15 +351,19 @@ def test_moe_backend_context_restores_when_block_raises():
     class Stop(Exception):
         pass
 
-    with pytest.raises(Stop):
-        with moecore.moe_backend_context(a2a_backend="mooncake", deepep_mode="normal"):
-            assert _state()[0] is moecore.MoeA2ABackend.MOONCAKE
-            raise Stop
+    with (
+        pytest.raises(Stop),
+        moecore.moe_backend_context(a2a_backend="mooncake", deepep_mode="normal"),
+    ):
+        assert _state()[0] is moecore.MoeA2ABackend.MOONCAKE
+        raise Stop
     assert _state() == before
     # A bad value part-way through setting: what was set is restored too.
-    with pytest.raises(moecore.InvalidArgumentError):
-        with moecore.moe_backend_context(a2a_backend="deepep", runner_backend="bogus"):
-            pass
+    with (
+        pytest.raises(moecore.InvalidArgumentError),
+        moecore.moe_backend_context(a2a_backend="deepep", runner_backend="bogus"),
+    ):
+        pass
     assert _state() == before
 
 
@@ -306,10 +382,17 @@ def test_runner_keeps_a2a_backend_built_in_context():
     # Both still compute the same thing (fused vs permute path).
     rng = np.random.default_rng(17)
     x = rng.standard_normal((4, 8)).astype(np.float32)
-    q = moecore.TritonMoeQuantInfo(w13_weight=rng.standard_normal((3, 8, 8)).astype(np.float32),
-                                   w2_weight=rng.standard_normal((3, 8, 4)).astype(np.float32))
-    d = moecore.StandardDispatchOutput(x, topk_output=moecore.StandardTopKOutput(
-        rng.random((4, 2)).astype(np.float32), np.array([[0, 1], [1, 2], [2, 0], [0, 2]], np.int32)))
+    q = moecore.TritonMoeQuantInfo(
+        w13_weight=rng.standard_normal((3, 8, 8)).astype(np.float32),
+        w2_weight=rng.standard_normal((3, 8, 4)).astype(np.float32),
+    )
+    d = moecore.StandardDispatchOutput(
+        x,
+        topk_output=moecore.StandardTopKOutput(
+            rng.random((4, 2)).astype(np.float32),
+            np.array([[0, 1], [1, 2], [2, 0], [0, 2]], np.int32),
+        ),
+    )
     with moecore.moe_backend_context(a2a_backend="deepep"):
         assert np.array_equal(runner.run(d, q).hidden_states, outside.run(d, q).hidden_states)
 
@@ -319,14 +402,16 @@ def test_layer_keeps_runner_backend_built_in_context():
     after the context has exited; 'auto' layers resolve to triton."""
     cfg = moecore.TopKConfig(top_k=2)
     with moecore.moe_backend_context(runner_backend="torch_native"):
-        layer = moecore.FusedMoE(num_experts=4, hidden_size=8, intermediate_size=4, topk_config=cfg,
-                                 params_dtype="f32")
+        layer = moecore.FusedMoE(
+            num_experts=4, hidden_size=8, intermediate_size=4, topk_config=cfg, params_dtype="f32"
+        )
     assert moecore.get_moe_runner_backend() is moecore.MoeRunnerBackend.AUTO
     layer.process_weights_after_loading()
     assert layer.runner_backend is moecore.MoeRunnerBackend.TORCH_NATIVE
     assert layer.runner.runner_backend is moecore.MoeRunnerBackend.TORCH_NATIVE
-    auto = moecore.FusedMoE(num_experts=4, hidden_size=8, intermediate_size=4, topk_config=cfg,
-                            params_dtype="f32")
+    auto = moecore.FusedMoE(
+        num_experts=4, hidden_size=8, intermediate_size=4, topk_config=cfg, params_dtype="f32"
+    )
     with moecore.moe_backend_context(runner_backend="torch_native"):
         auto.process_weights_after_loading()
     assert auto.runner_backend is moecore.MoeRunnerBackend.AUTO

@@ -16,7 +16,13 @@ from moecore.testing import (
     make_moe_problem,
     tolerance_for_dtype,
 )
-from moecore.testing.params import isa_levels, path_params, runner_paths
+from moecore.testing.params import (
+    isa_levels,
+    path_params,
+    quant_info_class,
+    runner_backends,
+    runner_paths,
+)
 
 
 def test_assert_close_passes_within_and_fails_outside_tolerance():
@@ -91,12 +97,17 @@ def test_make_moe_problem_is_seeded_and_typed(dtype):
 
 
 def test_paths_come_from_the_registries():
+    """Every backend with an unquantized QuantInfo class appears once per registered way to
+    run it (other tests may register Python-only backends; those have no QuantInfo here)."""
     ids = {p.id for p in runner_paths()}
+    backends = runner_backends()
+    assert {"triton", "torch_native"} <= set(backends)  # the two built-in unquantized cores
     for a2a, backend, _ in moecore.registered_fused_funcs():
-        if a2a == "none":
+        if a2a == "none" and backend in backends:
             assert f"{backend}-fused" in ids
-    for backend, _ in moecore.registered_runner_cores():
+    for backend in backends:
         assert f"{backend}-unfused" in ids
+    assert quant_info_class("torch_native") is moecore.TorchNativeMoeQuantInfo
     assert isa_levels() == list(moecore.available_isa_levels())
     assert "scalar" in isa_levels()
     params = path_params(runner_paths()[:1], ["bf16"], isa_levels()[:1])

@@ -100,6 +100,16 @@ void bind_core(py::module_& m) {
         if (i == failing_item) MOECORE_THROW(InvalidArgument, "item ", i, " failed on purpose");
     });
   }, "n"_a, "failing_item"_a);
+  testing.def("raise_error", [](const std::string& kind) {
+    // kind: the Python class the error must arrive as.
+    if (kind == "InvalidArgumentError") MOECORE_THROW(InvalidArgument, "raised on purpose");
+    if (kind == "DTypeError") MOECORE_THROW(DTypeError, "raised on purpose");
+    if (kind == "UnsupportedError") MOECORE_THROW(Unsupported, "raised on purpose");
+    if (kind == "OutOfRangeError") MOECORE_THROW(OutOfRange, "raised on purpose");
+    if (kind == "ContractAssertionError") MOECORE_THROW(ContractViolation, "raised on purpose");
+    if (kind == "InternalError") MOECORE_INTERNAL_CHECK(false, "raised on purpose");
+    MOECORE_THROW(InvalidArgument, "raise_error: unknown kind '", kind, "'");
+  }, "kind"_a, "Raises the C++ error of that kind, to test the exception translation.");
   testing.def("parallel_sum", [](int64_t n) {
     std::vector<int64_t> partial(n, 0);
     {

@@ -6,18 +6,6 @@
 namespace moecore::bindings {
 namespace {
 
-TopKOutput to_topk_output(py::handle obj) {
-  if (py::isinstance<StandardTopKOutput>(obj)) return obj.cast<StandardTopKOutput>();
-  if (py::isinstance<BypassedTopKOutput>(obj)) return obj.cast<BypassedTopKOutput>();
-  MOECORE_THROW(DTypeError, "topk_output: expected a StandardTopKOutput or BypassedTopKOutput, got ",
-                py::str(obj.get_type()).cast<std::string>());
-}
-
-py::object from_topk_output(const TopKOutput& t) {
-  if (auto* s = std::get_if<StandardTopKOutput>(&t)) return py::cast(*s);
-  return py::cast(std::get<BypassedTopKOutput>(t));
-}
-
 QuantConfig to_quant_config(py::dict d) {
   QuantConfig out;
   for (auto [key, value] : d) {
@@ -32,7 +20,7 @@ QuantConfig to_quant_config(py::dict d) {
       out[k] = value.attr("value").cast<std::string>();  // an Enum member: its wire value
     else
       MOECORE_THROW(DTypeError, "set_quant_config: unsupported value for '", k, "': ",
-                    py::str(value.get_type()).cast<std::string>());
+                    type_name(value));
   }
   return out;
 }

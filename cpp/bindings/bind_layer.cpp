@@ -69,9 +69,7 @@ void bind_layer(py::module_& m) {
       }, "hidden_states"_a, "router_logits"_a, py::kw_only(), "num_token_non_padded"_a = py::none())
       .def("forward_topk", [](FusedMoE& l, py::object hidden, py::object topk) {
         Tensor h = to_required_tensor(hidden, "FusedMoE.forward_topk: hidden_states");
-        TopKOutput t = py::isinstance<BypassedTopKOutput>(topk)
-                           ? TopKOutput(topk.cast<BypassedTopKOutput>())
-                           : TopKOutput(topk.cast<StandardTopKOutput>());
+        TopKOutput t = to_topk_output(topk);
         Tensor out;
         {
           py::gil_scoped_release release;

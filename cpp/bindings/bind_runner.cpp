@@ -18,12 +18,17 @@ std::string origin_of(py::handle fn) {
 // register_x(key..., fn=None): registers now, or returns a decorator when fn is None.
 template <typename Register>
 py::object register_or_decorate(py::object fn, Register reg) {
+  auto checked = [reg](py::object f) {
+    MOECORE_CHECK_DTYPE(PyCallable_Check(f.ptr()), "register: expected a callable, got ",
+                        type_name(f));
+    reg(f);
+  };
   if (!fn.is_none()) {
-    reg(fn);
+    checked(fn);
     return fn;
   }
-  return py::cpp_function([reg](py::object f) {
-    reg(f);
+  return py::cpp_function([checked](py::object f) {
+    checked(f);
     return f;
   });
 }
@@ -74,7 +79,12 @@ void bind_runner(py::module_& m) {
              c.swiglu_limit = swiglu_limit;
              c.gate_up_interleaved = gate_up_interleaved;
              c.force_unfused = force_unfused;
-             if (!isa_level.is_none()) c.isa_level = parse_isa_level(isa_level.cast<std::string>());
+             if (!isa_level.is_none()) {
+               MOECORE_CHECK_DTYPE(py::isinstance<py::str>(isa_level),
+                                   "MoeRunnerConfig: isa_level must be a string like 'avx512', got ",
+                                   type_name(isa_level));
+               c.isa_level = parse_isa_level(isa_level.cast<std::string>());
+             }
              return c;
            }),
            py::kw_only(), "num_experts"_a = py::none(), "num_local_experts"_a = py::none(),
@@ -200,9 +210,25 @@ void bind_runner(py::module_& m) {
   m.def("unregister_post_permute", [](py::object runner, py::object fmt) {
     return unregister_post_permute(to_enum<MoeRunnerBackend>(runner), to_enum<DispatchOutputFormat>(fmt));
   });
+  m.def("unregister_runner_core", [](py::object runner) {
+    return unregister_runner_core(to_enum<MoeRunnerBackend>(runner));
+  });
   m.def("get_fused_func", [](py::object a2a, py::object runner) -> py::object {
-    return py::bool_(find_fused_func(to_enum<MoeA2ABackend>(a2a), to_enum<MoeRunnerBackend>(runner)).has_value());
-  }, "True if a fused func is registered for (a2a, runner).");
+    auto fn = find_fused_func(to_enum<MoeA2ABackend>(a2a), to_enum<MoeRunnerBackend>(runner));
+    if (!fn) return py::none();
+    // Callable like sglang's: fn(dispatch_output, quant_info, runner_config) -> CombineInput.
+    return py::cpp_function([f = *fn](py::object d, py::object q, const MoeRunnerConfig& c) {
+      DispatchOutputPtr dp = to_dispatch_output(d);
+      QuantInfoPtr qp = to_quant_info(q);
+      CombineInputPtr out;
+      {
+        py::gil_scoped_release release;
+        out = f(dp, qp, c);
+      }
+      return from_combine_input(out);
+    });
+  }, "a2a_backend_name"_a, "runner_backend_name"_a,
+     "The fused func registered for (a2a, runner) as a callable, or None.");
 
   m.def("registered_fused_funcs", [] {
     py::list out;

@@ -95,11 +95,14 @@ Tensor to_tensor(py::handle obj, const char* what) {
   }
   if (!py::isinstance<py::array>(array_obj))
     MOECORE_THROW(DTypeError, what, ": expected a numpy array, got ",
-                  py::str(array_obj.get_type()).cast<std::string>(),
+                  type_name(array_obj),
                   " (convert explicitly, e.g. np.asarray(x) or t.numpy())");
   py::array arr = py::reinterpret_borrow<py::array>(array_obj);
   const py::dtype dt = arr.dtype();
   const std::string dt_name = py::str(dt.attr("name")).cast<std::string>();
+  MOECORE_CHECK_DTYPE(dt.attr("isnative").cast<bool>(), what, ": the array has non-native byte "
+                      "order (", py::str(dt).cast<std::string>(), "); convert it with "
+                      "a.astype(a.dtype.newbyteorder('='))");
   DType dtype;
   if (tag) {
     dtype = *tag;
@@ -167,7 +170,7 @@ MoeA2ABackend to_enum<MoeA2ABackend>(py::handle obj) {
   if (py::hasattr(obj, "value") && py::isinstance<py::str>(obj.attr("value")))
     return to_enum<MoeA2ABackend>(obj.attr("value"));
   MOECORE_THROW(DTypeError, "expected a MoeA2ABackend or its string value, got ",
-                py::str(obj.get_type()).cast<std::string>());
+                type_name(obj));
 }
 
 }  // namespace moecore::bindings

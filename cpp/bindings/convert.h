@@ -19,6 +19,11 @@ namespace moecore::bindings {
 
 namespace py = pybind11;
 
+/// The name of an object's type, for messages: "Tensor", "list".
+inline std::string type_name(py::handle obj) {
+  return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>();
+}
+
 /// A Python object owned from C++: destroyed under the GIL, or leaked after interpreter exit.
 using PyHolder = std::shared_ptr<py::object>;
 PyHolder hold(py::object obj);
@@ -41,7 +46,7 @@ E to_enum(py::handle obj) {
   if (!obj.is_none() && py::hasattr(obj, "value") && py::isinstance<py::str>(obj.attr("value")))
     return parse_enum<E>(obj.attr("value").cast<std::string>());
   MOECORE_THROW(DTypeError, "expected a ", EnumInfo<E>::class_name(), " or its string value, got ",
-                py::str(obj.get_type()).cast<std::string>());
+                type_name(obj));
 }
 template <>
 MoeA2ABackend to_enum<MoeA2ABackend>(py::handle obj);

@@ -19,7 +19,20 @@ py::object any_to_py(const std::any& a) {
 
 }  // namespace
 
+TopKOutput to_topk_output(py::handle obj) {
+  if (py::isinstance<StandardTopKOutput>(obj)) return obj.cast<StandardTopKOutput>();
+  if (py::isinstance<BypassedTopKOutput>(obj)) return obj.cast<BypassedTopKOutput>();
+  MOECORE_THROW(DTypeError, "topk_output: expected a StandardTopKOutput or BypassedTopKOutput, got ",
+                type_name(obj));
+}
+
+py::object from_topk_output(const TopKOutput& t) {
+  if (auto* s = std::get_if<StandardTopKOutput>(&t)) return py::cast(*s);
+  return py::cast(std::get<BypassedTopKOutput>(t));
+}
+
 DispatchOutputPtr to_dispatch_output(py::handle obj) {
+  MOECORE_CHECK(!obj.is_none(), "dispatch_output: expected a dispatch output, got None");
   if (py::isinstance<DispatchOutput>(obj)) return obj.cast<DispatchOutputPtr>();
   auto p = std::make_shared<PyDispatchOutput>();
   p->fmt = format_attr<DispatchOutputFormat>(obj, "dispatch_output");

@@ -33,6 +33,9 @@ struct PyRunnerOutput : RunnerOutput {
   MoeRunnerBackend runner_backend() const override { return backend; }
 };
 
+/// StandardTopKOutput or BypassedTopKOutput from Python (DTypeError otherwise).
+TopKOutput to_topk_output(py::handle obj);
+py::object from_topk_output(const TopKOutput& topk);
 DispatchOutputPtr to_dispatch_output(py::handle obj);
 CombineInputPtr to_combine_input(py::handle obj);
 QuantInfoPtr to_quant_info(py::handle obj);

@@ -75,6 +75,7 @@ from ._moecore import (
     unregister_fused_func,
     unregister_post_permute,
     unregister_pre_permute,
+    unregister_runner_core,
 )
 
 __version__ = "0.1.0"
@@ -126,7 +127,7 @@ __all__ = [
     # runner and registries
     "MoeRunnerConfig", "MoeRunner", "register_fused_func", "register_pre_permute",
     "register_post_permute", "register_runner_core", "unregister_fused_func",
-    "unregister_pre_permute", "unregister_post_permute", "get_fused_func",
+    "unregister_pre_permute", "unregister_post_permute", "unregister_runner_core", "get_fused_func",
     "registered_fused_funcs", "registered_pre_permutes", "registered_post_permutes",
     "registered_runner_cores",
     # quant

@@ -16,6 +16,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // numpy gives empty arrays arbitrary (e.g. zero) strides
   int64_t expected = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && strides[d] != expected) return false;
@@ -25,7 +26,7 @@ bool TensorView::is_contiguous() const {
 }
 
 bool TensorView::rows_contiguous() const {
-  if (ndim == 0) return true;
+  if (ndim == 0 || numel() == 0) return true;
   if (shape[ndim - 1] > 1 && strides[ndim - 1] != 1) return false;
   int64_t span = shape[ndim - 1];
   for (int d = ndim - 2; d >= 0; --d) {

@@ -59,10 +59,15 @@ ExpertWeights check_expert_weights(const char* api, const Tensor& w13, const Ten
   return w;
 }
 
+namespace {
+int64_t raw_id(const TensorView& ids, int64_t t, int64_t j) {
+  const int64_t off = t * ids.strides[0] + j * ids.strides[1];
+  return ids.dtype == DType::kI32 ? ids.ptr<int32_t>()[off] : ids.ptr<int64_t>()[off];
+}
+}  // namespace
+
 int32_t RoutedTokens::id(int64_t t, int64_t j) const {
-  const int64_t off = t * topk_ids.strides[0] + j * topk_ids.strides[1];
-  return topk_ids.dtype == DType::kI32 ? topk_ids.ptr<int32_t>()[off]
-                                       : static_cast<int32_t>(topk_ids.ptr<int64_t>()[off]);
+  return static_cast<int32_t>(raw_id(topk_ids, t, j));  // validated to [-1, E) on entry
 }
 
 float RoutedTokens::weight(int64_t t, int64_t j) const {
@@ -99,7 +104,7 @@ RoutedTokens check_routed_tokens(const char* api, const Tensor& x, const Standar
   r.top_k = ids.size(1);
   for (int64_t t = 0; t < r.num_tokens; ++t)
     for (int64_t j = 0; j < r.top_k; ++j) {
-      const int32_t e = r.id(t, j);
+      const int64_t e = raw_id(r.topk_ids, t, j);
       MOECORE_CHECK_INDEX(e >= -1 && e < w.num_experts, api, ": topk_ids must be in [-1, ",
                           w.num_experts, "), got ", e, " at [", t, ", ", j, "]");
     }

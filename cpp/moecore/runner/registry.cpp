@@ -110,6 +110,10 @@ bool unregister_post_permute(MoeRunnerBackend runner, CombineInputFormat format)
   return erase_from(registries().post, PostKey{runner, format});
 }
 
+bool unregister_runner_core(MoeRunnerBackend runner) {
+  return erase_from(registries().cores, runner);
+}
+
 std::vector<std::pair<FusedKey, std::string>> registered_fused_funcs() {
   return list(registries().fused);
 }

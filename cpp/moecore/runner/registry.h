@@ -55,6 +55,7 @@ std::optional<CoreFactory> find_runner_core(MoeRunnerBackend runner);
 bool unregister_fused_func(MoeA2ABackend a2a, MoeRunnerBackend runner);
 bool unregister_pre_permute(DispatchOutputFormat format, MoeRunnerBackend runner);
 bool unregister_post_permute(MoeRunnerBackend runner, CombineInputFormat format);
+bool unregister_runner_core(MoeRunnerBackend runner);
 
 /// Introspection: every key with its origin, sorted by key.
 std::vector<std::pair<FusedKey, std::string>> registered_fused_funcs();
