@@ -28,6 +28,7 @@ std::optional<DType> dtype_of_numpy(const py::dtype& dt) {
   if (name == "float8_e5m2") return DType::kF8E5M2;
   if (name == "float8_e8m0fnu") return DType::kE8M0;
   if (name == "uint8") return DType::kU8;
+  if (name == "int8") return DType::kI8;
   if (name == "int32") return DType::kI32;
   if (name == "int64") return DType::kI64;
   return std::nullopt;
@@ -53,6 +54,8 @@ py::dtype numpy_dtype_of(DType d) {
     case DType::kFp4E2M1x2:
     case DType::kU8:
       return py::dtype("uint8");
+    case DType::kI8:
+      return py::dtype("int8");
     case DType::kI32:
       return py::dtype("int32");
     case DType::kI64:
@@ -118,7 +121,7 @@ Tensor to_tensor(py::handle obj, const char* what) {
                       "moecore.tagged(array, 'bf16')");
       MOECORE_THROW(DTypeError, what, ": unsupported dtype ", dt_name,
                     " (supported: float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, "
-                    "float8_e8m0fnu, uint8, int32, int64)");
+                    "float8_e8m0fnu, uint8, int8, int32, int64)");
     }
     dtype = *inferred;
   }

@@ -17,6 +17,7 @@ const DTypeTraits kTraits[] = {
     {DType::kE8M0, "e8m0", "float8_e8m0fnu", 1, 1, true},
     {DType::kFp4E2M1x2, "fp4_e2m1x2", "float4_e2m1fn_x2", 1, 2, true},
     {DType::kU8, "u8", "uint8", 1, 1, false},
+    {DType::kI8, "i8", "int8", 1, 1, false},
     {DType::kI32, "i32", "int32", 4, 1, false},
     {DType::kI64, "i64", "int64", 8, 1, false},
 };

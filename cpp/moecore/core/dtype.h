@@ -17,6 +17,7 @@ enum class DType : uint8_t {
   kE8M0,        // OCP MX scale byte: 2^(e-127), 0xFF is NaN
   kFp4E2M1x2,   // two E2M1 values per byte, element 0 in the low nibble
   kU8,
+  kI8,          // INT8 weights and activations (symmetric, per-channel / per-token scales)
   kI32,
   kI64,
 };

@@ -164,14 +164,60 @@ SortedLayout sort_by_expert(const RoutedTokens& tokens, int64_t num_experts) {
   return layout;
 }
 
-void expert_mlp(const ExpertWeights& w, int64_t expert, const float* a, int64_t m,
-                const ActivationSpec& spec, DType act_dtype, const float* row_scale,
-                RowScaleAt scale_at, GemmRowsFn gemm, float* y) {
-  thread_local std::vector<float> h1, h2, bias;
-  h1.resize(static_cast<size_t>(m * w.n1));
-  h2.resize(static_cast<size_t>(m * w.inter));
-  bias.resize(static_cast<size_t>(std::max(w.n1, w.hidden)));
-  const int64_t welem = dtype_size(w.dtype);
+ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, GemmRowsFn gemm) {
+  auto operand = [&](const TensorView& data, int64_t n, int64_t k) {
+    WeightOperand op;
+    op.coding = WeightCoding::kDense;
+    op.data = data;
+    op.num_experts = w.num_experts;
+    op.n = n;
+    op.k = k;
+    return op;
+  };
+  ExpertMlp mlp;
+  mlp.gemm1.weight = operand(w.w13, w.n1, w.hidden);
+  mlp.gemm1.bias = w.b13;
+  mlp.gemm2.weight = operand(w.w2, w.hidden, w.inter);
+  mlp.gemm2.bias = w.b2;
+  mlp.activation = spec;
+  mlp.act_dtype = w.dtype;
+  mlp.gemm = gemm;
+  mlp.hidden = w.hidden;
+  mlp.inter = w.inter;
+  return mlp;
+}
+
+namespace {
+
+// Runs one GEMM of the MLP on m input rows (fp32, stride k): quantizes a copy when the contract
+// says so, then the scaled GEMM over all N outputs of the expert into out [m, N].
+void run_gemm(const ExpertGemm& g, GemmRowsFn gemm, int64_t expert, const float* in, int64_t m,
+              std::vector<float>& scratch, std::vector<float>& scales, float* out) {
+  const int64_t k = g.weight.k;
+  ActivationCodes codes;
+  codes.codes = in;
+  codes.ld = k;
+  if (g.quantize) {
+    scratch.assign(in, in + m * k);
+    scales.resize(static_cast<size_t>(m * g.scales_per_row));
+    g.quantize(scratch.data(), m, k, k, scales.data());
+    codes.codes = scratch.data();
+    codes.scales = scales.data();
+    codes.scales_per_row = g.scales_per_row;
+    codes.integer = g.integer_codes;
+  }
+  scaled_gemm(codes, m, g.weight, expert, 0, g.weight.n, gemm, out, g.weight.n);
+}
+
+}  // namespace
+
+void expert_mlp(const ExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
+                const float* row_scale, RowScaleAt scale_at, float* y) {
+  thread_local std::vector<float> h1, h2, bias, scratch, scales;
+  const int64_t n1 = mlp.gemm1.weight.n;
+  h1.resize(static_cast<size_t>(m * n1));
+  h2.resize(static_cast<size_t>(m * mlp.inter));
+  bias.resize(static_cast<size_t>(std::max(n1, mlp.hidden)));
 
   // Adds the bias row, applies the row scale where the contract puts it, rounds to act dtype.
   auto epilogue = [&](float* rows, int64_t width, const TensorView& b, bool scale) {
@@ -182,22 +228,20 @@ void expert_mlp(const ExpertWeights& w, int64_t expert, const float* a, int64_t 
       for (int64_t c = 0; c < width; ++c) {
         float v = has_bias ? row[c] + bias[c] : row[c];
         if (scale) v *= row_scale[r];
-        row[c] = round_to(act_dtype, v);
+        row[c] = round_to(mlp.act_dtype, v);
       }
     }
   };
 
-  const char* w13 = static_cast<const char*>(w.w13.data) + expert * w.n1 * w.hidden * welem;
-  gemm(a, m, w.hidden, w13, w.dtype, w.hidden, w.n1, w.hidden, h1.data(), w.n1);
-  epilogue(h1.data(), w.n1, w.b13, scale_at == RowScaleAt::kGemm1);
+  run_gemm(mlp.gemm1, mlp.gemm, expert, a, m, scratch, scales, h1.data());
+  epilogue(h1.data(), n1, mlp.gemm1.bias, scale_at == RowScaleAt::kGemm1);
 
-  ActivationSpec rounded = spec;
-  rounded.round_dtype = act_dtype;
-  apply_activation(rounded, h1.data(), w.n1, h2.data(), w.inter, m, w.inter);
+  ActivationSpec rounded = mlp.activation;
+  rounded.round_dtype = mlp.act_dtype;
+  apply_activation(rounded, h1.data(), n1, h2.data(), mlp.inter, m, mlp.inter);
 
-  const char* w2 = static_cast<const char*>(w.w2.data) + expert * w.hidden * w.inter * welem;
-  gemm(h2.data(), m, w.inter, w2, w.dtype, w.inter, w.hidden, w.inter, y, w.hidden);
-  epilogue(y, w.hidden, w.b2, scale_at == RowScaleAt::kGemm2);
+  run_gemm(mlp.gemm2, mlp.gemm, expert, h2.data(), m, scratch, scales, y);
+  epilogue(y, mlp.hidden, mlp.gemm2.bias, scale_at == RowScaleAt::kGemm2);
 }
 
 void combine_topk(const RoutedTokens& tokens, const TensorView& slot_out, bool weighted, float rsf,

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/gemm.h"
+#include "moecore/kernels/quant_gemm.h"
 #include "moecore/routing/topk.h"
 
 namespace moecore {
@@ -53,13 +55,39 @@ SortedLayout sort_by_expert(const RoutedTokens& tokens, int64_t num_experts);
 /// Where a per-row scale (the routed weight) multiplies: nowhere, GEMM1's or GEMM2's fp32 result.
 enum class RowScaleAt { kNone, kGemm1, kGemm2 };
 
-/// One expert's MLP on m rows a [m, H] (fp32 holding act-dtype values):
-///   h1 = round(a·W13ᵀ + b13 (× row_scale if kGemm1)), h2 = act(h1), and
-///   y  = round(h2·W2ᵀ + b2 (× row_scale if kGemm2)), all rounding to act_dtype.
+/// A backend's activation quantizer for one GEMM input: turns m rows of fp32 values (stride ld,
+/// width k) into codes in place and writes scales [m, scales_per_row]. It must treat each row
+/// on its own (batch invariance).
+using ActivationQuantizer =
+    std::function<void(float* rows, int64_t m, int64_t k, int64_t ld, float* scales)>;
+
+/// One GEMM of the expert MLP: its weights, optional bias [E, N] (f32/f16/bf16), and how its
+/// input is quantized (empty quantizer: used as it is).
+struct ExpertGemm {
+  WeightOperand weight;
+  TensorView bias;  // data == nullptr: none
+  ActivationQuantizer quantize;
+  int64_t scales_per_row = 1;
+  bool integer_codes = false;  // the quantizer emits int8 values (exact int32 dot with kInt8)
+};
+
+/// The whole expert MLP contract: GEMM1 (N1 = 2I gated, else I) → activation → GEMM2 (H).
+struct ExpertMlp {
+  ExpertGemm gemm1, gemm2;
+  ActivationSpec activation;  // its round_dtype is overridden by act_dtype
+  DType act_dtype = DType::kF32;
+  GemmRowsFn gemm = nullptr;  // the dense kernel row, picked at construction
+  int64_t hidden = 0, inter = 0;
+};
+/// The dense (unquantized) MLP over validated weights.
+ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, GemmRowsFn gemm);
+
+/// One expert's MLP on m rows a [m, H] (fp32 holding act-dtype values; not modified):
+///   h1 = round(gemm1(q1(a)) + b13 (× row_scale if kGemm1)), h2 = round(act(h1)), and
+///   y  = round(gemm2(q2(h2)) + b2 (× row_scale if kGemm2)), rounding to mlp.act_dtype.
 /// y: [m, H] fp32. Deterministic per row (canonical dot order), independent of m.
-void expert_mlp(const ExpertWeights& w, int64_t expert, const float* a, int64_t m,
-                const ActivationSpec& spec, DType act_dtype, const float* row_scale,
-                RowScaleAt scale_at, GemmRowsFn gemm, float* y);
+void expert_mlp(const ExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
+                const float* row_scale, RowScaleAt scale_at, float* y);
 
 /// Combine in fp32: out[t] = round(rsf · Σ_j slot_out[t, j] (× w[t, j] if weighted)) over valid
 /// slots j in increasing order. slot_out: [T, k, H] of act dtype.

@@ -109,14 +109,14 @@ class TorchNativeRunnerCore : public RunnerCore {
     for (int64_t e = 0, first = 0; e < w.num_experts; first += counts[e], ++e)
       for (int64_t r = 0; r < counts[e]; r += kRowsPerItem)
         items.push_back({e, first + r, std::min<int64_t>(kRowsPerItem, counts[e] - r)});
+    const ExpertMlp mlp = dense_expert_mlp(w, spec_, gemm_);
     const TensorView src = in->sorted_tokens.view(), dst = out->hidden_states.view();
     parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
       std::vector<float> a(kRowsPerItem * w.hidden), y(kRowsPerItem * w.hidden);
       for (int64_t i = begin; i < end; ++i) {
         const auto [e, row, m] = items[i];
         load_f32(src.at({row, 0}), src.dtype, m * w.hidden, a.data());
-        expert_mlp(w, e, a.data(), m, spec_, w.dtype, nullptr, RowScaleAt::kNone, gemm_,
-                   y.data());
+        expert_mlp(mlp, e, a.data(), m, nullptr, RowScaleAt::kNone, y.data());
         store_f32(y.data(), m * w.hidden, w.dtype, dst.at({row, 0}));
       }
     });

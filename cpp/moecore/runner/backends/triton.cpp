@@ -104,6 +104,7 @@ class TritonRunnerCore : public RunnerCore {
     out->hidden_states = Tensor::zeros({tokens.num_tokens, tokens.top_k, w.hidden}, w.dtype);
     if (tokens.num_tokens == 0) return out;  // R9: no kernel for empty input
 
+    const ExpertMlp mlp = dense_expert_mlp(w, spec_, gemm_);
     const RowScaleAt scale_at =
         config_.apply_router_weight_on_input ? RowScaleAt::kGemm1 : RowScaleAt::kGemm2;
     const int32_t* sorted = in->sorted_token_ids.ptr<int32_t>();
@@ -126,8 +127,7 @@ class TritonRunnerCore : public RunnerCore {
           ++m;
         }
         if (m == 0) continue;
-        expert_mlp(w, experts[b], a.data(), m, spec_, w.dtype, scale.data(), scale_at, gemm_,
-                   y.data());
+        expert_mlp(mlp, experts[b], a.data(), m, scale.data(), scale_at, y.data());
         for (int64_t r = 0; r < m; ++r)
           store_f32(y.data() + r * w.hidden, w.hidden, w.dtype,
                     slots.at({slot[r] / tokens.top_k, slot[r] % tokens.top_k, 0}));

@@ -1,0 +1,63 @@
+// The scaled GEMM of every runner path, dense or quantized (scalar reference; DESIGN.md §4).
+// A weight operand decodes one row to exact fp32 codes plus one scale per K block; the
+// activation side arrives as fp32 codes plus per-(row, K block) scales from the backend's
+// quantizer. Then, for each output,
+//     out[r, c] = ((Σ_b ((dot_b(a_r, w_c) · sa[r, b]) · sw[c, b])) · alpha[e]
+// where dot_b is the canonical dot of gemm.h over K block b (exact int32 accumulation when both
+// sides hold int8 codes), and the block terms are added in order b = 0, 1, …
+#pragma once
+
+#include <cstdint>
+
+#include "moecore/core/tensor.h"
+#include "moecore/kernels/gemm.h"
+
+namespace moecore {
+
+/// How expert weights are stored (the backend contract layout, never a converted copy).
+enum class WeightCoding {
+  kDense,  // f32 / f16 / bf16 values, no scales
+  kFp8,    // e4m3fn codes; f32 scales per tensor [E], per channel [E, N] or 128×128-style
+           // blocks [E, ⌈N/bn⌉, ⌈K/bk⌉] (sglang's weight_scale_inv: the dequant multiplier)
+  kInt8,   // int8 codes; f32 scales per channel [E, N] (or per tensor [E])
+  kNvfp4,  // packed e2m1 [E, N, K/2]; e4m3 block scales [E, N, K/16] (linear layout) folded into
+           // the codes (exact); the per-expert alpha is the post scale
+  kMxfp4,  // packed e2m1 [E, N, K/2]; e8m0 block scales [E, N, K/32] folded into the codes
+};
+
+/// One GEMM's weight operand for all experts: W[e] is [N, K] (row c = output channel c).
+struct WeightOperand {
+  WeightCoding coding = WeightCoding::kDense;
+  TensorView data;   // see WeightCoding
+  TensorView scale;  // see WeightCoding; data == nullptr when the coding has none
+  TensorView alpha;  // f32 [E] post scale, or data == nullptr
+  int64_t num_experts = 0, n = 0, k = 0;
+  int64_t block_n = 0, block_k = 0;  // kFp8 block scales; 0 when not blocked
+
+  /// Scales per row along K: ⌈K / block_k⌉ when blocked, else 1.
+  int64_t num_k_blocks() const { return block_k > 0 ? (k + block_k - 1) / block_k : 1; }
+  /// The K block the scales cover (K when not blocked).
+  int64_t k_block() const { return block_k > 0 ? block_k : k; }
+};
+
+/// Decodes row `row` of expert `e`: codes[0..K) exact in fp32, scales[0..num_k_blocks()).
+void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* codes,
+                       float* scales);
+
+/// Activation codes for one GEMM: rows of fp32 codes (stride ld) and per-(row, K block) scales
+/// [m, nb] (nb = the weight's num_k_blocks(), or 1 for one scale per row); scales == nullptr
+/// means all ones. integer: codes are int8 values (exact int32 dot with int8 weights).
+struct ActivationCodes {
+  const float* codes = nullptr;
+  int64_t ld = 0;
+  const float* scales = nullptr;
+  int64_t scales_per_row = 1;
+  bool integer = false;
+};
+
+/// out[r * ldo + c] for rows r < m and weight rows [n0, n0 + n) of expert e, per the formula
+/// above. The dense, unscaled case runs the `gemm` row directly.
+void scaled_gemm(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e, int64_t n0,
+                 int64_t n, GemmRowsFn gemm, float* out, int64_t ldo);
+
+}  // namespace moecore
