@@ -1735,37 +1735,37 @@ WEIGHT_LOADER_CASES = [
     P(
         lambda w: _load(w, "w13_weight", np.ones((I, H - 1), np.float32), "w1", 0),
         Inv,
-        L("expected w1 [8, 16], got [8, 15] f32"),
+        L("expected w13_weight shard 'w1' [8, 16], got [8, 15] f32"),
         id="loader-w1-shape",
     ),
     P(
         lambda w: _load(w, "w13_weight", np.ones((2 * I, H), np.float32), "w3", 0),
         Inv,
-        L("expected w3 [8, 16], got [16, 16] f32"),
+        L("expected w13_weight shard 'w3' [8, 16], got [16, 16] f32"),
         id="loader-w3-fused-shape",
     ),
     P(
         lambda w: _load(w, "w13_weight", np.ones((I // 2, H), np.float32), "w1", 0, tp_size=2),
         Inv,
-        L("expected w1 [8, 16], got [4, 16] f32"),
+        L("expected w13_weight shard 'w1' [8, 16], got [4, 16] f32"),
         id="loader-w1-already-tp-sliced",
     ),
     P(
         lambda w: _load(w, "w2_weight", np.ones((I, H), np.float32), "w2", 0),
         Inv,
-        L("expected w2 [16, 8], got [8, 16] f32"),
+        L("expected w2_weight shard 'w2' [16, 8], got [8, 16] f32"),
         id="loader-w2-transposed",
     ),
     P(
         lambda w: _load(w, "w13_weight", np.ones((H,), np.float32), "w1", 0),
         Inv,
-        L("expected a 2-D weight, got [16] f32"),
+        L("expected w13_weight shard 'w1' [8, 16], got [16] f32"),
         id="loader-1d-weight",
     ),
     P(
         lambda w: _load(w, "w13_weight", np.ones((1, I, H), np.float32), "w1", 0),
         Inv,
-        L("expected a 2-D weight, got [1, 8, 16] f32"),
+        L("expected w13_weight shard 'w1' [8, 16], got [1, 8, 16] f32"),
         id="loader-3d-weight",
     ),
     P(
@@ -1860,13 +1860,13 @@ WEIGHT_LOADER_CASES = [
             w, "w13_weight_bias", np.ones((I - 1,), np.float32), "w1", 0, with_bias=True
         ),
         Inv,
-        L("expected w13_weight_bias shard [8], got [7] f32"),
+        L("expected w13_weight_bias shard 'w1' [8], got [7] f32"),
         id="loader-w13-bias-shape",
     ),
     P(
         lambda w: _load(w, "w2_weight_bias", np.ones((1, H), np.float32), "w2", 0, with_bias=True),
         Inv,
-        L("expected w2_weight_bias shard [16], got [1, 16] f32"),
+        L("expected w2_weight_bias shard 'w2' [16], got [1, 16] f32"),
         id="loader-w2-bias-2d",
     ),
     P(

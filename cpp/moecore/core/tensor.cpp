@@ -48,6 +48,68 @@ void* TensorView::at(std::initializer_list<int64_t> index) const {
   return static_cast<char*>(data) + offset * dtype_size(dtype);
 }
 
+TensorView TensorView::narrow(int dim, int64_t start, int64_t length) const {
+  if (dim < 0) dim += ndim;
+  MOECORE_INTERNAL_CHECK(dim >= 0 && dim < ndim && start >= 0 && length >= 0 &&
+                             start + length <= shape[dim],
+                         "narrow(", dim, ", ", start, ", ", length, ") of ", describe());
+  TensorView v = *this;
+  v.data = static_cast<char*>(data) + start * strides[dim] * dtype_size(dtype);
+  v.shape[dim] = length;
+  return v;
+}
+
+TensorView TensorView::select(int dim, int64_t index) const {
+  if (dim < 0) dim += ndim;
+  TensorView v = narrow(dim, index, 1);
+  for (int d = dim; d + 1 < ndim; ++d) {
+    v.shape[d] = v.shape[d + 1];
+    v.strides[d] = v.strides[d + 1];
+  }
+  --v.ndim;
+  return v;
+}
+
+namespace {
+// Calls fn(src_offset, dst_offset) in storage units for every index of `shape`.
+template <typename Fn>
+void for_each_index(const TensorView& a, const TensorView& b, Fn fn) {
+  const int64_t n = a.numel();
+  int64_t index[kMaxDims] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t oa = 0, ob = 0;
+    for (int d = 0; d < a.ndim; ++d) {
+      oa += index[d] * a.strides[d];
+      ob += index[d] * b.strides[d];
+    }
+    fn(oa, ob);
+    for (int d = a.ndim - 1; d >= 0; --d) {
+      if (++index[d] < a.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+void copy_view(const TensorView& src, const TensorView& dst) {
+  MOECORE_INTERNAL_CHECK(src.dtype == dst.dtype && src.shape_vector() == dst.shape_vector(),
+                         "copy_view: ", src.describe(), " into ", dst.describe());
+  const int64_t elem = dtype_size(src.dtype);
+  const char* s = static_cast<const char*>(src.data);
+  char* d = static_cast<char*>(dst.data);
+  for_each_index(src, dst, [&](int64_t os, int64_t od) {
+    std::memcpy(d + od * elem, s + os * elem, static_cast<size_t>(elem));
+  });
+}
+
+void zero_view(const TensorView& dst) {
+  const int64_t elem = dtype_size(dst.dtype);
+  char* d = static_cast<char*>(dst.data);
+  for_each_index(dst, dst, [&](int64_t, int64_t od) {
+    std::memset(d + od * elem, 0, static_cast<size_t>(elem));
+  });
+}
+
 void fill_contiguous_strides(TensorView& view) {
   int64_t stride = 1;
   for (int d = view.ndim - 1; d >= 0; --d) {
@@ -101,20 +163,7 @@ Tensor Tensor::zeros(const std::vector<int64_t>& shape, DType dtype) {
 
 Tensor Tensor::copy_of(const TensorView& src) {
   Tensor t = empty(src.shape_vector(), src.dtype);
-  const int64_t elem = dtype_size(src.dtype);
-  const int64_t n = src.numel();
-  char* dst = t.ptr<char>();
-  // Walk the source in row-major order with an index counter.
-  int64_t index[kMaxDims] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t offset = 0;
-    for (int d = 0; d < src.ndim; ++d) offset += index[d] * src.strides[d];
-    std::memcpy(dst + i * elem, static_cast<const char*>(src.data) + offset * elem, elem);
-    for (int d = src.ndim - 1; d >= 0; --d) {
-      if (++index[d] < src.shape[d]) break;
-      index[d] = 0;
-    }
-  }
+  copy_view(src, t.view());
   return t;
 }
 

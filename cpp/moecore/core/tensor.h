@@ -41,6 +41,10 @@ struct TensorView {
   T* ptr() const { return static_cast<T*>(data); }
   /// Address of storage unit (i0, i1, ...) — the index list must have ndim entries.
   void* at(std::initializer_list<int64_t> index) const;
+  /// The sub-view [start, start + length) along `dim` (same storage; bounds checked).
+  TensorView narrow(int dim, int64_t start, int64_t length) const;
+  /// The sub-view at `index` along `dim`, with that dim removed.
+  TensorView select(int dim, int64_t index) const;
 };
 
 /// Owning (or keep-alive) tensor. Copying a Tensor shares storage; it never copies data.
@@ -75,6 +79,11 @@ class Tensor {
   std::shared_ptr<void> owner_;
   bool defined_ = false;
 };
+
+/// Copies src into dst element by element (equal shapes and dtypes; any strides; no overlap).
+void copy_view(const TensorView& src, const TensorView& dst);
+/// Fills a view with zero bytes.
+void zero_view(const TensorView& dst);
 
 /// Row-major contiguous strides for `shape`.
 void fill_contiguous_strides(TensorView& view);

@@ -50,8 +50,8 @@ inline float decode_minifloat_magnitude(uint32_t code) {
   const uint32_t exp = code >> kMant, mant = code & ((1u << kMant) - 1u);
   if (exp == 0) {
     // Subnormal: mant · 2^(1 - kBias - kMant), exact in fp32.
-    return static_cast<float>(mant) * bits_float(static_cast<uint32_t>(127 + 1 - kBias - kMant)
-                                                 << 23);
+    return static_cast<float>(mant) *
+           bits_float(static_cast<uint32_t>(127 + 1 - kBias - kMant) << 23);
   }
   return bits_float(((exp + 127 - kBias) << 23) | (mant << (23 - kMant)));
 }

@@ -192,8 +192,7 @@ float fp8_dynamic_scale(float amax, float eps, bool ue8m0);
 /// One NVFP4 row: n % 16 == 0, q gets n/2 bytes, sf n/16 E4M3 bytes.
 void nvfp4_quantize_row(const float* x, int64_t n, float global_scale, uint8_t* q, uint8_t* sf);
 /// One MXFP4 row: n % 32 == 0, q gets n/2 bytes, sf n/32 E8M0 bytes.
-void mxfp4_quantize_row(const float* x, int64_t n, Mxfp4Rounding rounding, uint8_t* q,
-                        uint8_t* sf);
+void mxfp4_quantize_row(const float* x, int64_t n, Mxfp4Rounding rounding, uint8_t* q, uint8_t* sf);
 /// out[i] = (e2m1 · s8) / gs for n values (n % 16 == 0).
 void nvfp4_dequantize_row(const uint8_t* q, const uint8_t* sf, int64_t n, float global_scale,
                           float* out);

@@ -3,8 +3,8 @@
 // formats entry point shares ("api: expected …, got …").
 #pragma once
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -45,7 +45,8 @@ class Rows {
       moecore::load_f32(p, v_.dtype, cols_, dst);
       return;
     }
-    for (int64_t c = 0; c < cols_; ++c) moecore::load_f32(p + c * col_stride_ * elem_, v_.dtype, 1, dst + c);
+    for (int64_t c = 0; c < cols_; ++c)
+      moecore::load_f32(p + c * col_stride_ * elem_, v_.dtype, 1, dst + c);
   }
   /// Row r as raw storage units (any dtype) into a dense buffer of cols · elem bytes.
   void load_bytes(int64_t r, void* dst) const {
@@ -81,8 +82,7 @@ inline void check_out_dtype(DType d, const char* api) {
 }
 
 inline void check_positive_scale(float s, const char* api, const char* what) {
-  MOECORE_CHECK(std::isfinite(s) && s > 0.0f, api, ": expected ", what,
-                " finite and > 0, got ", s);
+  MOECORE_CHECK(std::isfinite(s) && s > 0.0f, api, ": expected ", what, " finite and > 0, got ", s);
 }
 
 /// Normalises a possibly negative dim; InvalidArgument when out of range.

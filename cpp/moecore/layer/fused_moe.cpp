@@ -6,27 +6,6 @@
 #include "moecore/core/error.h"
 
 namespace moecore {
-namespace {
-
-// Copies rows [row0, row0 + rows) × cols [col0, col0 + cols) of a 2-D `src` into `dst`
-// (row-major, stride dst_stride) — same dtype, checked by the caller.
-void copy_block(const TensorView& src, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
-                char* dst, int64_t dst_stride) {
-  const int64_t elem = dtype_size(src.dtype);
-  for (int64_t r = 0; r < rows; ++r) {
-    if (src.strides[1] == 1) {
-      std::memcpy(dst + r * dst_stride * elem, src.at({row0 + r, col0}),
-                  static_cast<size_t>(cols * elem));
-    } else {
-      for (int64_t c = 0; c < cols; ++c)
-        std::memcpy(dst + (r * dst_stride + c) * elem, src.at({row0 + r, col0 + c}),
-                    static_cast<size_t>(elem));
-    }
-  }
-}
-
-}  // namespace
-
 FusedMoE::FusedMoE(FusedMoEOptions options, std::shared_ptr<FusedMoEMethod> quant_method)
     : options_(std::move(options)),
       runner_backend_(options_.runner_backend.value_or(get_moe_runner_backend())),
@@ -84,57 +63,80 @@ bool FusedMoE::weight_loader(const std::string& param_name, const Tensor& loaded
   const char* api = "FusedMoE.weight_loader";
   MOECORE_CHECK(shard_id == "w1" || shard_id == "w2" || shard_id == "w3", api,
                 ": shard_id must be 'w1', 'w2' or 'w3', got '", shard_id, "'");
-  const Tensor& param = parameter(param_name);
+  auto it = params_.find(param_name);
+  if (it == params_.end()) parameter(param_name);  // throws, listing the parameters
+  const Tensor& param = it->second.tensor;
+  const ParamSpec& spec = it->second.spec;
   MOECORE_CHECK_DTYPE(loaded.defined() && loaded.dtype() == param.dtype(), api, ": ", param_name,
                       " holds ", dtype_name(param.dtype()), ", got ", loaded.describe(),
                       " (convert explicitly, e.g. with moecore.dtypes)");
-  const int64_t local = local_expert_id(expert_id);
-  if (local < 0) return false;  // another EP rank's expert
-
-  const int64_t H = options_.hidden_size, I = inter_per_partition_;
-  const int64_t I_full = options_.intermediate_size, rank = options_.tp_rank;
-  const bool gated = config_.is_gated;
-  const int64_t elem = dtype_size(param.dtype());
-  const bool is_bias = param_name == "w13_weight_bias" || param_name == "w2_weight_bias";
-  const bool is_w13 = param_name == "w13_weight" || param_name == "w13_weight_bias";
-  MOECORE_CHECK(is_w13 == (shard_id != "w2"), api, ": shard '", shard_id,
-                "' does not belong to ", param_name);
-  MOECORE_CHECK(gated || shard_id != "w3", api, ": shard 'w3' needs a gated layer");
-
-  char* base = static_cast<char*>(param.view().at({local, 0}));
-  if (is_bias) {
-    const int64_t want = is_w13 ? I_full : H;
-    MOECORE_CHECK(loaded.ndim() == 1 && loaded.size(0) == want, api, ": expected ", param_name,
-                  " shard [", want, "], got ", loaded.describe());
-    TensorView row = loaded.view();
-    row.ndim = 2;
-    row.shape[1] = row.shape[0];
-    row.strides[1] = row.strides[0];
-    row.shape[0] = 1;
-    row.strides[0] = 0;
-    if (is_w13) {
-      const int64_t offset = (shard_id == "w1") != quant_method_->load_up_proj_weight_first() ? 0 : I;
-      copy_block(row, 0, 1, rank * I, I, base + (gated ? offset : 0) * elem, I);
-    } else if (rank == 0) {
-      copy_block(row, 0, 1, 0, H, base, H);
-    } else {
-      std::memset(base, 0, static_cast<size_t>(H * elem));
-    }
-    return true;
-  }
-  MOECORE_CHECK(loaded.ndim() == 2, api, ": expected a 2-D weight, got ", loaded.describe());
-  if (is_w13) {
-    MOECORE_CHECK(loaded.size(0) == I_full && loaded.size(1) == H, api, ": expected ", shard_id,
-                  " [", I_full, ", ", H, "], got ", loaded.describe());
-    const bool first_half = (shard_id == "w1") != quant_method_->load_up_proj_weight_first();
-    const int64_t row0 = gated && !first_half ? I : 0;
-    copy_block(loaded.view(), rank * I, I, 0, H, base + row0 * H * elem, H);
+  int64_t local;
+  if (spec.global_experts) {
+    MOECORE_CHECK_INDEX(expert_id >= 0 && expert_id < param.size(0), api, ": expert_id must be in "
+                        "[0, ", param.size(0), "), got ", expert_id);
+    local = expert_id;
   } else {
-    MOECORE_CHECK(loaded.size(0) == H && loaded.size(1) == I_full, api, ": expected w2 [", H,
-                  ", ", I_full, "], got ", loaded.describe());
-    copy_block(loaded.view(), 0, H, rank * I, I, base, I);
+    local = local_expert_id(expert_id);
+    if (local < 0) return false;  // another EP rank's expert
   }
-  return true;
+  // w13_* parameters take shards "w1"/"w3", w2_* parameters take "w2" (sglang's naming).
+  const bool w2_param = param_name.rfind("w2", 0) == 0;
+  MOECORE_CHECK(w2_param == (shard_id == "w2"), api, ": shard '", shard_id,
+                "' does not belong to ", param_name);
+  const bool gated = config_.is_gated;
+  MOECORE_CHECK(gated || shard_id != "w3", api, ": shard 'w3' needs a gated layer");
+  const int64_t tp = options_.tp_size, rank = options_.tp_rank;
+  const TensorView dest = param.view().select(0, local);
+  TensorView src = loaded.view();
+  auto same_dims = [&](const TensorView& a, const TensorView& b, int skip) {
+    if (a.ndim != b.ndim) return false;
+    for (int d = 0; d < a.ndim; ++d)
+      if (d != skip && a.shape[d] != b.shape[d]) return false;
+    return true;
+  };
+  auto expect = [&](bool ok, const std::string& want) {
+    MOECORE_CHECK(ok, api, ": expected ", param_name, " shard '", shard_id, "' ", want, ", got ",
+                  loaded.describe());
+  };
+  switch (spec.layout) {
+    case ShardLayout::kW13: {
+      const int64_t part = gated ? dest.shape[0] / 2 : dest.shape[0];
+      std::vector<int64_t> want = dest.shape_vector();
+      want[0] = part * tp;
+      expect(same_dims(src, dest, 0) && src.shape[0] == part * tp, shape_string(want));
+      const bool first = (shard_id == "w1") != quant_method_->load_up_proj_weight_first();
+      copy_view(src.narrow(0, rank * part, part), dest.narrow(0, gated && !first ? part : 0, part));
+      return true;
+    }
+    case ShardLayout::kW2: {
+      const int last = dest.ndim - 1;
+      const int64_t part = dest.shape[last];
+      std::vector<int64_t> want = dest.shape_vector();
+      want[last] = part * tp;
+      expect(same_dims(src, dest, last) && src.shape[last] == part * tp, shape_string(want));
+      copy_view(src.narrow(last, rank * part, part), dest);
+      return true;
+    }
+    case ShardLayout::kPerShard: {
+      expect(src.numel() == 1, "holding one value");
+      TensorView one = make_view(src.data, src.dtype, {1});
+      copy_view(one, dest.narrow(0, shard_id == "w1" ? 0 : 1, 1));
+      return true;
+    }
+    case ShardLayout::kPerExpert: {
+      const bool scalar = dest.numel() == 1 && src.numel() == 1;
+      expect(scalar || src.shape_vector() == dest.shape_vector(), shape_string(dest.shape_vector()));
+      if (spec.tp_rank0_only && rank != 0) {
+        zero_view(dest);
+      } else if (scalar) {
+        copy_view(make_view(src.data, src.dtype, {1}), make_view(dest.data, dest.dtype, {1}));
+      } else {
+        copy_view(src, dest);
+      }
+      return true;
+    }
+  }
+  MOECORE_INTERNAL_CHECK(false, "unknown shard layout");
 }
 
 void FusedMoE::process_weights_after_loading() {
@@ -157,8 +159,10 @@ Tensor FusedMoE::forward_topk(const Tensor& hidden_states, const TopKOutput& top
   return dispatcher_->combine(combined);
 }
 
-void FusedMoE::register_parameter(const std::string& name, Tensor tensor) {
-  params_[name] = std::move(tensor);
+void FusedMoE::register_parameter(const std::string& name, Tensor tensor, ParamSpec spec) {
+  MOECORE_INTERNAL_CHECK(tensor.defined() && tensor.ndim() >= 1, "parameter ", name,
+                         " needs a leading expert dim");
+  params_[name] = {std::move(tensor), spec};
 }
 
 const Tensor& FusedMoE::parameter(const std::string& name) const {
@@ -168,12 +172,12 @@ const Tensor& FusedMoE::parameter(const std::string& name) const {
     for (const auto& [n, t] : params_) have += std::string(have.empty() ? "" : ", ") + n;
     MOECORE_THROW(InvalidArgument, "FusedMoE: no parameter '", name, "' (have: ", have, ")");
   }
-  return it->second;
+  return it->second.tensor;
 }
 
 Tensor FusedMoE::find_parameter(const std::string& name) const {
   auto it = params_.find(name);
-  return it == params_.end() ? Tensor() : it->second;
+  return it == params_.end() ? Tensor() : it->second.tensor;
 }
 
 std::vector<std::string> FusedMoE::parameter_names() const {

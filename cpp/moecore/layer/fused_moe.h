@@ -30,6 +30,23 @@ struct FusedMoEOptions {
   std::optional<MoeA2ABackend> a2a_backend;
 };
 
+/// How weight_loader places a checkpoint tensor for one expert into a parameter (sglang attaches
+/// this knowledge to each parameter's weight_loader).
+enum class ShardLayout {
+  kW13,       // [E, N1, ...]: shard "w1" fills the first half of dim 1 and "w3" the second (swapped
+              // when the method loads up-proj first; non-gated: "w1" fills it all). The shard's
+              // dim 0 is the full intermediate size (in the parameter's units): TP narrows it.
+  kW2,        // [E, ..., n]: shard "w2"; its last dim is the full intermediate size: TP narrows it.
+  kPerShard,  // [E, 2]: one value per shard, "w1" → [e, 0], "w3" → [e, 1] (w13 per-tensor scales).
+  kPerExpert, // [E, ...]: the shard is copied whole, whatever its id (biases of w2, input scales).
+};
+
+struct ParamSpec {
+  ShardLayout layout = ShardLayout::kPerExpert;
+  bool tp_rank0_only = false;   // other TP ranks keep zeros (so the ranks' sum counts it once)
+  bool global_experts = false;  // indexed by global expert id, not sliced by EP
+};
+
 class FusedMoE {
  public:
   /// Builds the layer: validates sizes, creates the quant method's parameters (zeros) and the
@@ -37,11 +54,10 @@ class FusedMoE {
   FusedMoE(FusedMoEOptions options, std::shared_ptr<FusedMoEMethod> quant_method = nullptr);
 
   /// sglang's weight_loader: copies one checkpoint tensor for global `expert_id` into the
-  /// parameter: shard "w1"/"w3" of [I_full, H] into w13 (rows narrowed to this TP rank; w1 at
-  /// offset 0 and w3 at offset I unless the method loads up-proj first), "w2" of [H, I_full]
-  /// into w2 (columns narrowed). Biases: "w13_weight_bias" shards [I_full], "w2_weight_bias"
-  /// [H] (kept on TP rank 0 only, so the ranks' sum has it once). Experts of other EP ranks are
-  /// ignored. Returns whether the tensor was used.
+  /// parameter, as the parameter's ParamSpec says: e.g. shard "w1"/"w3" of [I_full, H] into
+  /// w13 (rows narrowed to this TP rank), "w2" of [H, I_full] into w2 (columns narrowed).
+  /// Experts of other EP ranks are ignored. Returns whether the tensor was used. Validates
+  /// everything before writing.
   bool weight_loader(const std::string& param_name, const Tensor& loaded_weight,
                      const std::string& shard_id, int64_t expert_id);
   /// Runs the quant method's layout changes and builds the runner. Call once after loading.
@@ -53,7 +69,7 @@ class FusedMoE {
   /// sglang's forward(hidden_states, topk_output).
   Tensor forward_topk(const Tensor& hidden_states, const TopKOutput& topk_output);
 
-  void register_parameter(const std::string& name, Tensor tensor);
+  void register_parameter(const std::string& name, Tensor tensor, ParamSpec spec = {});
   const Tensor& parameter(const std::string& name) const;  // throws if absent
   Tensor find_parameter(const std::string& name) const;    // undefined if absent
   std::vector<std::string> parameter_names() const;
@@ -81,7 +97,11 @@ class FusedMoE {
   int64_t num_local_experts_ = 0, inter_per_partition_ = 0;
   std::shared_ptr<FusedMoEMethod> quant_method_;
   std::shared_ptr<StandardDispatcher> dispatcher_;
-  std::map<std::string, Tensor> params_;
+  struct Param {
+    Tensor tensor;
+    ParamSpec spec;
+  };
+  std::map<std::string, Param> params_;
 };
 
 }  // namespace moecore

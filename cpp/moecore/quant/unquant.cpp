@@ -12,11 +12,15 @@ void UnquantizedFusedMoEMethod::create_weights(FusedMoE& layer, int64_t num_expe
   MOECORE_CHECK_DTYPE(is_activation_dtype(params_dtype), name(),
                       ": params_dtype must be f32, f16 or bf16, got ", dtype_name(params_dtype));
   const int64_t n1 = layer.config().is_gated ? 2 * inter : inter;
-  layer.register_parameter("w13_weight", Tensor::zeros({num_experts, n1, hidden_size}, params_dtype));
-  layer.register_parameter("w2_weight", Tensor::zeros({num_experts, hidden_size, inter}, params_dtype));
+  layer.register_parameter("w13_weight", Tensor::zeros({num_experts, n1, hidden_size}, params_dtype),
+                           {ShardLayout::kW13});
+  layer.register_parameter("w2_weight", Tensor::zeros({num_experts, hidden_size, inter}, params_dtype),
+                           {ShardLayout::kW2});
   if (with_bias) {
-    layer.register_parameter("w13_weight_bias", Tensor::zeros({num_experts, n1}, DType::kF32));
-    layer.register_parameter("w2_weight_bias", Tensor::zeros({num_experts, hidden_size}, DType::kF32));
+    layer.register_parameter("w13_weight_bias", Tensor::zeros({num_experts, n1}, DType::kF32),
+                             {ShardLayout::kW13});
+    layer.register_parameter("w2_weight_bias", Tensor::zeros({num_experts, hidden_size}, DType::kF32),
+                             {ShardLayout::kPerExpert, /*tp_rank0_only=*/true});
   }
 }
 
