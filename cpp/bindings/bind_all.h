@@ -13,6 +13,9 @@ void bind_formats(py::module_& m);
 void bind_routing(py::module_& m);
 void bind_dispatch(py::module_& m);
 void bind_quant(py::module_& m);
+void bind_quant_fp8(py::module_& m);
+void bind_quant_nvfp4(py::module_& m);
+void bind_quant_mxfp4(py::module_& m);
 void bind_runner(py::module_& m);
 void bind_layer(py::module_& m);
 

@@ -28,6 +28,35 @@ std::string field_repr(const char* name, const Tensor& t) {
   return std::string(name) + "=" + t.describe();
 }
 
+// Read-only numpy properties for Tensor fields.
+template <typename Class, typename... Fields>
+void tensor_properties(Class& cls, Fields... fields) {
+  using C = typename Class::type;
+  (cls.def_property_readonly(fields.first, [m = fields.second](const C& c) { return to_numpy(c.*m); }), ...);
+}
+template <typename C>
+std::pair<const char*, Tensor C::*> field(const char* name, Tensor C::*member) {
+  return {name, member};
+}
+
+std::vector<int64_t> check_block_shape(const char* cls, const std::optional<std::vector<int64_t>>& b) {
+  if (!b) return {};
+  MOECORE_CHECK(b->size() == 2 && (*b)[0] > 0 && (*b)[1] > 0, cls,
+                ": block_shape must be [block_n, block_k] > 0");
+  return *b;
+}
+
+std::string quant_repr(const char* cls, std::initializer_list<std::pair<const char*, const Tensor*>> fields) {
+  std::string out = std::string(cls) + "(";
+  bool first = true;
+  for (const auto& [name, t] : fields) {
+    if (!t->defined()) continue;
+    out += (first ? "" : ", ") + field_repr(name, *t);
+    first = false;
+  }
+  return out + ")";
+}
+
 }  // namespace
 
 void bind_quant(py::module_& m) {
@@ -117,6 +146,199 @@ void bind_quant(py::module_& m) {
         return "TorchNativeMoeQuantInfo(" + field_repr("w13_weight", q.w13_weight) + ", " +
                field_repr("w2_weight", q.w2_weight) + ")";
       });
+
+  {
+    using Q = DeepGemmMoeQuantInfo;
+    py::class_<Q, MoeQuantInfo, std::shared_ptr<Q>> cls(
+        m, "DeepGemmMoeQuantInfo", "Payload of the deep_gemm runner (sglang moe_runner/deep_gemm.py).");
+    cls.def(py::init([](py::object w13, py::object w2, bool use_fp8, py::object w13_scale,
+                        py::object w2_scale, std::optional<std::vector<int64_t>> block_shape,
+                        bool is_fp4_experts) {
+              auto q = std::make_shared<Q>();
+              q->w13_weight = to_required_tensor(w13, "DeepGemmMoeQuantInfo.w13_weight");
+              q->w2_weight = to_required_tensor(w2, "DeepGemmMoeQuantInfo.w2_weight");
+              q->use_fp8 = use_fp8;
+              q->w13_scale = to_tensor(w13_scale, "DeepGemmMoeQuantInfo.w13_scale");
+              q->w2_scale = to_tensor(w2_scale, "DeepGemmMoeQuantInfo.w2_scale");
+              q->block_shape = check_block_shape("DeepGemmMoeQuantInfo", block_shape);
+              q->is_fp4_experts = is_fp4_experts;
+              MOECORE_CHECK(q->w13_weight.ndim() == 3 && q->w2_weight.ndim() == 3 &&
+                                q->w13_weight.size(0) == q->w2_weight.size(0),
+                            "DeepGemmMoeQuantInfo: expected w13_weight [E, 2I, H] and w2_weight "
+                            "[E, H, I], got ", q->w13_weight.describe(), " and ", q->w2_weight.describe());
+              MOECORE_CHECK(!use_fp8 || (q->w13_scale.defined() && q->w2_scale.defined()),
+                            "DeepGemmMoeQuantInfo: use_fp8=True needs w13_scale and w2_scale");
+              return q;
+            }),
+            py::kw_only(), "w13_weight"_a, "w2_weight"_a, "use_fp8"_a, "w13_scale"_a = py::none(),
+            "w2_scale"_a = py::none(), "block_shape"_a = py::none(), "is_fp4_experts"_a = false);
+    tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight),
+                      field("w13_scale", &Q::w13_scale), field("w2_scale", &Q::w2_scale));
+    cls.def_readonly("use_fp8", &Q::use_fp8)
+        .def_readonly("is_fp4_experts", &Q::is_fp4_experts)
+        .def_property_readonly("block_shape", [](const Q& q) -> py::object {
+          return q.block_shape.empty() ? py::none() : py::cast(q.block_shape);
+        })
+        .def("__repr__", [](const Q& q) {
+          return quant_repr("DeepGemmMoeQuantInfo", {{"w13_weight", &q.w13_weight}, {"w2_weight", &q.w2_weight},
+                                                     {"w13_scale", &q.w13_scale}, {"w2_scale", &q.w2_scale}});
+        });
+  }
+  {
+    using Q = CuteDslFp4MoeQuantInfo;
+    py::class_<Q, MoeQuantInfo, std::shared_ptr<Q>> cls(
+        m, "CuteDslFp4MoeQuantInfo",
+        "Payload of the flashinfer_cutedsl runner (NVFP4; sglang moe_runner/flashinfer_cutedsl.py).");
+    cls.def(py::init([](py::object w13, py::object w2, py::object w13_sf, py::object w2_sf,
+                        py::object w1_alpha, py::object w2_alpha, py::object a1_scale,
+                        py::object a2_scale, py::object wrapper, bool use_nvfp4_dispatch,
+                        py::object down_gemm_overlap_args) {
+              auto q = std::make_shared<Q>();
+              q->w13_weight = to_required_tensor(w13, "CuteDslFp4MoeQuantInfo.w13_weight");
+              q->w2_weight = to_required_tensor(w2, "CuteDslFp4MoeQuantInfo.w2_weight");
+              q->w13_weight_sf = to_required_tensor(w13_sf, "CuteDslFp4MoeQuantInfo.w13_weight_sf");
+              q->w2_weight_sf = to_required_tensor(w2_sf, "CuteDslFp4MoeQuantInfo.w2_weight_sf");
+              q->w1_alpha = to_required_tensor(w1_alpha, "CuteDslFp4MoeQuantInfo.w1_alpha");
+              q->w2_alpha = to_required_tensor(w2_alpha, "CuteDslFp4MoeQuantInfo.w2_alpha");
+              q->a1_scale = to_required_tensor(a1_scale, "CuteDslFp4MoeQuantInfo.a1_scale");
+              q->a2_scale = to_required_tensor(a2_scale, "CuteDslFp4MoeQuantInfo.a2_scale");
+              q->use_nvfp4_dispatch = use_nvfp4_dispatch;
+              MOECORE_CHECK(q->w13_weight.ndim() == 3 && q->w2_weight.ndim() == 3 &&
+                                q->w13_weight.size(0) == q->w2_weight.size(0),
+                            "CuteDslFp4MoeQuantInfo: expected w13_weight [E, 2I, H/2] and "
+                            "w2_weight [E, H, I/2], got ", q->w13_weight.describe(), " and ",
+                            q->w2_weight.describe());
+              return q;
+            }),
+            py::kw_only(), "w13_weight"_a, "w2_weight"_a, "w13_weight_sf"_a, "w2_weight_sf"_a,
+            "w1_alpha"_a, "w2_alpha"_a, "a1_scale"_a, "a2_scale"_a, "wrapper"_a = py::none(),
+            "use_nvfp4_dispatch"_a = false, "down_gemm_overlap_args"_a = py::none());
+    tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight),
+                      field("w13_weight_sf", &Q::w13_weight_sf), field("w2_weight_sf", &Q::w2_weight_sf),
+                      field("w1_alpha", &Q::w1_alpha), field("w2_alpha", &Q::w2_alpha),
+                      field("a1_scale", &Q::a1_scale), field("a2_scale", &Q::a2_scale));
+    cls.def_readonly("use_nvfp4_dispatch", &Q::use_nvfp4_dispatch)
+        .def("__repr__", [](const Q& q) {
+          return quant_repr("CuteDslFp4MoeQuantInfo", {{"w13_weight", &q.w13_weight}, {"w2_weight", &q.w2_weight},
+                                                       {"w13_weight_sf", &q.w13_weight_sf}, {"w2_weight_sf", &q.w2_weight_sf},
+                                                       {"w1_alpha", &q.w1_alpha}, {"w2_alpha", &q.w2_alpha}});
+        });
+  }
+  {
+    using Q = FlashInferMxfp4CutlassMoeQuantInfo;
+    py::class_<Q, MoeQuantInfo, std::shared_ptr<Q>> cls(
+        m, "FlashInferMxfp4CutlassMoeQuantInfo",
+        "Payload of the flashinfer_mxfp4 runner (sglang moe_runner/flashinfer_mxfp4.py).");
+    cls.def(py::init([](py::object w13, py::object w2, py::object w13_scale, py::object w2_scale,
+                        py::object w13_bias, py::object w2_bias, py::object alpha,
+                        py::object beta, py::object limit, int64_t tp_size, int64_t tp_rank,
+                        int64_t ep_size, int64_t ep_rank, std::optional<int64_t> padded_hidden) {
+              auto q = std::make_shared<Q>();
+              const char* c = "FlashInferMxfp4CutlassMoeQuantInfo";
+              q->w13_weight = to_required_tensor(w13, "FlashInferMxfp4CutlassMoeQuantInfo.w13_weight");
+              q->w2_weight = to_required_tensor(w2, "FlashInferMxfp4CutlassMoeQuantInfo.w2_weight");
+              q->w13_weight_scale = to_required_tensor(w13_scale, "FlashInferMxfp4CutlassMoeQuantInfo.w13_weight_scale");
+              q->w2_weight_scale = to_required_tensor(w2_scale, "FlashInferMxfp4CutlassMoeQuantInfo.w2_weight_scale");
+              q->w13_bias = to_tensor(w13_bias, "FlashInferMxfp4CutlassMoeQuantInfo.w13_bias");
+              q->w2_bias = to_tensor(w2_bias, "FlashInferMxfp4CutlassMoeQuantInfo.w2_bias");
+              q->swiglu_alpha = to_tensor(alpha, "FlashInferMxfp4CutlassMoeQuantInfo.swiglu_alpha");
+              q->swiglu_beta = to_tensor(beta, "FlashInferMxfp4CutlassMoeQuantInfo.swiglu_beta");
+              q->swiglu_limit = to_tensor(limit, "FlashInferMxfp4CutlassMoeQuantInfo.swiglu_limit");
+              const int given = q->swiglu_alpha.defined() + q->swiglu_beta.defined() + q->swiglu_limit.defined();
+              MOECORE_CHECK(given == 0 || given == 3, c,
+                            ": swiglu_alpha, swiglu_beta and swiglu_limit go together (all or none)");
+              MOECORE_CHECK(tp_size >= 1 && ep_size >= 1 && tp_rank >= 0 && tp_rank < tp_size &&
+                                ep_rank >= 0 && ep_rank < ep_size,
+                            c, ": bad TP/EP topology (tp ", tp_rank, "/", tp_size, ", ep ", ep_rank, "/", ep_size, ")");
+              MOECORE_CHECK(!padded_hidden || *padded_hidden > 0, c, ": padded_hidden must be > 0");
+              q->moe_tp_size = tp_size;
+              q->moe_tp_rank = tp_rank;
+              q->moe_ep_size = ep_size;
+              q->moe_ep_rank = ep_rank;
+              q->padded_hidden = padded_hidden;
+              return q;
+            }),
+            py::kw_only(), "w13_weight"_a, "w2_weight"_a, "w13_weight_scale"_a, "w2_weight_scale"_a,
+            "w13_bias"_a = py::none(), "w2_bias"_a = py::none(), "swiglu_alpha"_a = py::none(),
+            "swiglu_beta"_a = py::none(), "swiglu_limit"_a = py::none(), "moe_tp_size"_a = 1,
+            "moe_tp_rank"_a = 0, "moe_ep_size"_a = 1, "moe_ep_rank"_a = 0,
+            "padded_hidden"_a = py::none());
+    tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight),
+                      field("w13_weight_scale", &Q::w13_weight_scale),
+                      field("w2_weight_scale", &Q::w2_weight_scale), field("w13_bias", &Q::w13_bias),
+                      field("w2_bias", &Q::w2_bias), field("swiglu_alpha", &Q::swiglu_alpha),
+                      field("swiglu_beta", &Q::swiglu_beta), field("swiglu_limit", &Q::swiglu_limit));
+    cls.def_readonly("moe_tp_size", &Q::moe_tp_size)
+        .def_readonly("moe_tp_rank", &Q::moe_tp_rank)
+        .def_readonly("moe_ep_size", &Q::moe_ep_size)
+        .def_readonly("moe_ep_rank", &Q::moe_ep_rank)
+        .def_readonly("padded_hidden", &Q::padded_hidden)
+        .def("__repr__", [](const Q& q) {
+          return quant_repr("FlashInferMxfp4CutlassMoeQuantInfo",
+                            {{"w13_weight", &q.w13_weight}, {"w2_weight", &q.w2_weight},
+                             {"w13_weight_scale", &q.w13_weight_scale}, {"w2_weight_scale", &q.w2_weight_scale},
+                             {"w13_bias", &q.w13_bias}, {"w2_bias", &q.w2_bias}});
+        });
+  }
+  {
+    using Q = FlashInferCutlassMoeQuantInfo;
+    py::class_<Q, MoeQuantInfo, std::shared_ptr<Q>> cls(
+        m, "FlashInferCutlassMoeQuantInfo",
+        "Payload of the flashinfer_cutlass runner (sglang moe_runner/flashinfer_cutlass.py).");
+    cls.def(py::init([](std::string quant_type, py::object w13, py::object w2,
+                        std::optional<std::vector<py::object>> quant_scales, py::object output_dtype,
+                        int64_t tp_size, int64_t tp_rank, int64_t ep_size, int64_t ep_rank,
+                        bool apply_rsf) {
+              const char* c = "FlashInferCutlassMoeQuantInfo";
+              MOECORE_CHECK(quant_type == "bf16" || quant_type == "fp8" || quant_type == "fp4", c,
+                            ": quant_type must be 'bf16', 'fp8' or 'fp4', got '", quant_type, "'");
+              auto q = std::make_shared<Q>();
+              q->quant_type = quant_type;
+              q->w13_weight = to_required_tensor(w13, "FlashInferCutlassMoeQuantInfo.w13_weight");
+              q->w2_weight = to_required_tensor(w2, "FlashInferCutlassMoeQuantInfo.w2_weight");
+              if (quant_scales)
+                for (size_t i = 0; i < quant_scales->size(); ++i)
+                  q->quant_scales.push_back(to_required_tensor((*quant_scales)[i], "FlashInferCutlassMoeQuantInfo.quant_scales"));
+              const size_t want = quant_type == "fp8" ? 4 : quant_type == "fp4" ? 6 : 0;
+              MOECORE_CHECK(q->quant_scales.size() == want, c, ": quant_type '", quant_type,
+                            "' needs ", want, " quant_scales, got ", q->quant_scales.size());
+              q->output_dtype = to_dtype(output_dtype);
+              MOECORE_CHECK(tp_size >= 1 && ep_size >= 1 && tp_rank >= 0 && tp_rank < tp_size &&
+                                ep_rank >= 0 && ep_rank < ep_size,
+                            c, ": bad TP/EP topology");
+              q->moe_tp_size = tp_size;
+              q->moe_tp_rank = tp_rank;
+              q->moe_ep_size = ep_size;
+              q->moe_ep_rank = ep_rank;
+              q->apply_routed_scaling_factor = apply_rsf;
+              return q;
+            }),
+            py::kw_only(), "quant_type"_a, "w13_weight"_a, "w2_weight"_a,
+            "quant_scales"_a = py::none(), "output_dtype"_a = py::none(), "moe_tp_size"_a = 1,
+            "moe_tp_rank"_a = 0, "moe_ep_size"_a = 1, "moe_ep_rank"_a = 0,
+            "apply_routed_scaling_factor"_a = true);
+    tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight));
+    cls.def_readonly("quant_type", &Q::quant_type)
+        .def_property_readonly("quant_scales", [](const Q& q) {
+          py::list out;
+          for (const Tensor& t : q.quant_scales) out.append(to_numpy(t));
+          return out;
+        })
+        .def_property_readonly("output_dtype", [](const Q& q) -> py::object {
+          if (!q.output_dtype) return py::none();
+          return py::str(dtype_name(*q.output_dtype));
+        })
+        .def_readonly("moe_tp_size", &Q::moe_tp_size)
+        .def_readonly("moe_tp_rank", &Q::moe_tp_rank)
+        .def_readonly("moe_ep_size", &Q::moe_ep_size)
+        .def_readonly("moe_ep_rank", &Q::moe_ep_rank)
+        .def_readonly("apply_routed_scaling_factor", &Q::apply_routed_scaling_factor)
+        .def("__repr__", [](const Q& q) {
+          return "FlashInferCutlassMoeQuantInfo(quant_type='" + q.quant_type + "', " +
+                 field_repr("w13_weight", q.w13_weight) + ", " + field_repr("w2_weight", q.w2_weight) +
+                 ", " + std::to_string(q.quant_scales.size()) + " quant_scales)";
+        });
+  }
 
   py::class_<FusedMoEMethod, std::shared_ptr<FusedMoEMethod>>(m, "FusedMoEMethodBase")
       .def_property_readonly("name", &FusedMoEMethod::name)

@@ -10,6 +10,9 @@ PYBIND11_MODULE(_moecore, m) {
   bind_routing(m);
   bind_dispatch(m);
   bind_quant(m);
+  bind_quant_fp8(m);
+  bind_quant_nvfp4(m);
+  bind_quant_mxfp4(m);
   bind_runner(m);
   bind_layer(m);
 }

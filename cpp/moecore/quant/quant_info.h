@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "moecore/core/dtype.h"
 #include "moecore/core/tensor.h"
 
 namespace moecore {
@@ -45,6 +47,65 @@ struct TorchNativeMoeQuantInfo : MoeQuantInfo {
   Tensor b13;         // [E, 2I] or None
   Tensor b2;          // [E, H] or None
   const char* name() const override { return "TorchNativeMoeQuantInfo"; }
+};
+
+/// DeepGemmMoeQuantInfo (sglang moe_runner/deep_gemm.py): DeepGEMM grouped GEMMs, FP8 with
+/// 128×128 block weight scales and per-token-group-128 activations, or BF16 (use_fp8=False).
+struct DeepGemmMoeQuantInfo : MoeQuantInfo {
+  Tensor w13_weight;  // [E, 2I, H] e4m3 (or bf16)
+  Tensor w2_weight;   // [E, H, I]
+  bool use_fp8 = true;
+  Tensor w13_scale;  // f32 [E, ⌈2I/bn⌉, ⌈H/bk⌉] (scale_inv: dequant multipliers); None for bf16
+  Tensor w2_scale;   // f32 [E, ⌈H/bn⌉, ⌈I/bk⌉]
+  std::vector<int64_t> block_shape;  // [bn, bk], empty: None
+  bool is_fp4_experts = false;
+  const char* name() const override { return "DeepGemmMoeQuantInfo"; }
+};
+
+/// CuteDslFp4MoeQuantInfo (sglang moe_runner/flashinfer_cutedsl.py). v2 (a2a none/flashinfer):
+/// w13 is [Up, Gate] 64-row interleaved, block scales in the MMA view, scalar input scales. v1
+/// (a2a deepep): w13 [Gate, Up], 128×4-swizzled block scales, per-expert scales.
+struct CuteDslFp4MoeQuantInfo : MoeQuantInfo {
+  Tensor w13_weight;     // u8 packed e2m1 [E, 2I, H/2]
+  Tensor w2_weight;      // u8 packed e2m1 [E, H, I/2]
+  Tensor w13_weight_sf;  // e4m3 block scales (layout per version, see above)
+  Tensor w2_weight_sf;
+  Tensor w1_alpha;       // f32 [E]
+  Tensor w2_alpha;       // f32 [E]
+  Tensor a1_scale;       // f32: activation quant (global) scale; [1] for v2, [E] for v1
+  Tensor a2_scale;       // f32, likewise for the GEMM2 input
+  bool use_nvfp4_dispatch = false;  // v1 only
+  const char* name() const override { return "CuteDslFp4MoeQuantInfo"; }
+};
+
+/// FlashInferMxfp4CutlassMoeQuantInfo (sglang moe_runner/flashinfer_mxfp4.py): GPT-OSS / DSv4
+/// MXFP4 W4A16 with the halved [up; gate] w13 layout, padded to multiples of 128.
+struct FlashInferMxfp4CutlassMoeQuantInfo : MoeQuantInfo {
+  Tensor w13_weight;        // u8 [E, 2N, K/2]
+  Tensor w2_weight;         // u8 [E, K, N/2]
+  Tensor w13_weight_scale;  // e8m0 (u8) [E, 2N, K/32]
+  Tensor w2_weight_scale;   // e8m0 (u8) [E, K, N/32]
+  Tensor w13_bias;          // bf16 [E, 2N] or None
+  Tensor w2_bias;           // bf16 [E, K] or None
+  Tensor swiglu_alpha, swiglu_beta, swiglu_limit;  // f32 [E] each, all three or none
+  int64_t moe_tp_size = 1, moe_tp_rank = 0, moe_ep_size = 1, moe_ep_rank = 0;
+  std::optional<int64_t> padded_hidden;  // pad x to this many columns, trim the output back
+  const char* name() const override { return "FlashInferMxfp4CutlassMoeQuantInfo"; }
+};
+
+/// FlashInferCutlassMoeQuantInfo (sglang moe_runner/flashinfer_cutlass.py): FlashInfer's
+/// cutlass_fused_moe for quant_type "bf16", "fp8" (quant_scales = [fc1_dequant, fc2_quant,
+/// fc2_dequant, fc1_input_dequant]) or "fp4" (quant_scales = [a1_gscale, w13 swizzled block
+/// scales, g1_alphas, a2_gscale, w2 swizzled block scales, g2_alphas]). Weights [Up, Gate].
+struct FlashInferCutlassMoeQuantInfo : MoeQuantInfo {
+  std::string quant_type = "bf16";
+  Tensor w13_weight;
+  Tensor w2_weight;
+  std::vector<Tensor> quant_scales;
+  std::optional<DType> output_dtype;
+  int64_t moe_tp_size = 1, moe_tp_rank = 0, moe_ep_size = 1, moe_ep_rank = 0;
+  bool apply_routed_scaling_factor = true;
+  const char* name() const override { return "FlashInferCutlassMoeQuantInfo"; }
 };
 
 }  // namespace moecore
