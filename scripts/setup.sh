@@ -23,7 +23,7 @@ if ((${#missing[@]})); then
 fi
 
 PYTHON=${PYTHON:-python3}
-pip=("$PYTHON" -m pip install -q --disable-pip-version-check)
+pip=("$PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=ignore)
 "${pip[@]}" "scikit-build-core>=0.9" "pybind11>=2.12" "numpy>=1.22" "ml_dtypes>=0.4"
 if ((want_test_deps)); then
   # torch 2.13.0 is the CPU build (on this machine kind it is taken from the local wheel cache).

@@ -57,7 +57,12 @@ void bind_runner(py::module_& m) {
                        bool inplace, bool no_combine, std::optional<float> routed_scaling_factor,
                        std::optional<float> gemm1_alpha, std::optional<float> gemm1_clamp_limit,
                        std::optional<float> gemm1_beta, std::optional<float> swiglu_limit,
-                       bool gate_up_interleaved, bool force_unfused, py::object isa_level) {
+                       bool gate_up_interleaved, bool force_unfused, py::object isa_level,
+                       py::object custom_act_fn, std::optional<int64_t> routing_method_type,
+                       bool use_tp_all_gather_activation) {
+             if (!custom_act_fn.is_none())
+               MOECORE_UNSUPPORTED("MoeRunnerConfig: custom_act_fn (a Python activation) cannot "
+                                   "run inside moecore's C++ runners; use a named activation");
              MoeRunnerConfig c;
              c.num_experts = num_experts;
              c.num_local_experts = num_local_experts;
@@ -79,6 +84,8 @@ void bind_runner(py::module_& m) {
              c.swiglu_limit = swiglu_limit;
              c.gate_up_interleaved = gate_up_interleaved;
              c.force_unfused = force_unfused;
+             c.routing_method_type = routing_method_type;
+             c.use_tp_all_gather_activation = use_tp_all_gather_activation;
              if (!isa_level.is_none()) {
                MOECORE_CHECK_DTYPE(py::isinstance<py::str>(isa_level),
                                    "MoeRunnerConfig: isa_level must be a string like 'avx512', got ",
@@ -95,7 +102,9 @@ void bind_runner(py::module_& m) {
            "inplace"_a = true, "no_combine"_a = false, "routed_scaling_factor"_a = py::none(),
            "gemm1_alpha"_a = py::none(), "gemm1_clamp_limit"_a = py::none(),
            "gemm1_beta"_a = py::none(), "swiglu_limit"_a = py::none(),
-           "gate_up_interleaved"_a = false, "force_unfused"_a = false, "isa_level"_a = py::none())
+           "gate_up_interleaved"_a = false, "force_unfused"_a = false, "isa_level"_a = py::none(),
+           "custom_act_fn"_a = py::none(), "routing_method_type"_a = py::none(),
+           "use_tp_all_gather_activation"_a = false)
       .def_readwrite("num_experts", &MoeRunnerConfig::num_experts)
       .def_readwrite("num_local_experts", &MoeRunnerConfig::num_local_experts)
       .def_readwrite("hidden_size", &MoeRunnerConfig::hidden_size)
@@ -121,6 +130,9 @@ void bind_runner(py::module_& m) {
       .def_readwrite("swiglu_limit", &MoeRunnerConfig::swiglu_limit)
       .def_readwrite("gate_up_interleaved", &MoeRunnerConfig::gate_up_interleaved)
       .def_readwrite("force_unfused", &MoeRunnerConfig::force_unfused)
+      .def_readwrite("routing_method_type", &MoeRunnerConfig::routing_method_type)
+      .def_readwrite("use_tp_all_gather_activation", &MoeRunnerConfig::use_tp_all_gather_activation)
+      .def_property_readonly("custom_act_fn", [](const MoeRunnerConfig&) { return py::none(); })
       .def_property_readonly("isa_level", [](const MoeRunnerConfig& c) -> py::object {
         if (!c.isa_level) return py::none();
         return py::str(isa_level_name(*c.isa_level));

@@ -33,6 +33,8 @@ struct MoeRunnerConfig {
   std::optional<float> gemm1_beta;
   std::optional<float> swiglu_limit;
   bool gate_up_interleaved = false;
+  std::optional<int64_t> routing_method_type;  // FlashInfer RoutingMethodType value, or None
+  bool use_tp_all_gather_activation = false;
   /// moecore: skip the fused func and run pre-permute → core → post-permute (rule R3). The env
   /// SGLANG_CI_DISABLE_MOE_FUSED_FUNC=1 has the same effect.
   bool force_unfused = false;
