@@ -451,8 +451,9 @@ TEST(FormatsLayoutTest, SwizzleMatchesTheReshapePermuteOfSglang) {
               const int32_t expect =
                   (row < m && col < kb) ? in.ptr<int32_t>()[(g * m + row) * kb + col] : 0;
               ASSERT_EQ(sw.ptr<int32_t>()[o], expect) << g << " " << row << " " << col;
-              if (row < m && col < kb)
+              if (row < m && col < kb) {
                 ASSERT_EQ(nvfp4_swizzled_offset(row, col, kbp) + g * mp * kbp, o);
+              }
             }
   Tensor back = unswizzle_nvfp4_scales(sw.view(), m, kb);
   EXPECT_EQ(bytes_of(back), bytes_of(in));

@@ -30,16 +30,22 @@ TEST(RegistryTest, RegisteredKeysEqualTheExpectedTable) {
   for (const auto& [k, origin] : registered_post_permutes())
     post.insert({to_string(k.first), to_string(k.second)});
   for (const auto& [k, origin] : registered_runner_cores()) cores.insert(to_string(k));
-  const std::set<std::pair<std::string, std::string>> expected_fused = {{"none", "triton"},
-                                                                        {"none", "torch_native"}};
+  const std::set<std::pair<std::string, std::string>> expected_fused = {
+      {"none", "triton"},
+      {"none", "torch_native"},
+      {"none", "flashinfer_cutlass"},
+      {"flashinfer", "flashinfer_cutlass"},
+      {"none", "flashinfer_cutedsl"},
+      {"flashinfer", "flashinfer_cutedsl"},
+      {"none", "flashinfer_mxfp4"}};
   const std::set<std::pair<std::string, std::string>> expected_pre = {
-      {"standard", "triton"}, {"standard", "torch_native"}};
+      {"standard", "triton"}, {"standard", "torch_native"}, {"standard", "deep_gemm"}};
   const std::set<std::pair<std::string, std::string>> expected_post = {
-      {"triton", "standard"}, {"torch_native", "standard"}};
+      {"triton", "standard"}, {"torch_native", "standard"}, {"deep_gemm", "standard"}};
   EXPECT_EQ(fused, expected_fused);
   EXPECT_EQ(pre, expected_pre);
   EXPECT_EQ(post, expected_post);
-  EXPECT_EQ(cores, (std::set<std::string>{"triton", "torch_native"}));
+  EXPECT_EQ(cores, (std::set<std::string>{"triton", "torch_native", "deep_gemm"}));
   for (const auto& [k, origin] : registered_fused_funcs())
     EXPECT_EQ(origin.rfind("cpp/moecore/runner/backends/", 0), 0u) << origin;
 }
@@ -81,10 +87,10 @@ TEST(MoeRunnerTest, ConstructionErrorsR1) {
                  "deepep, but none is registered.");
   }
   try {
-    MoeRunner r(MoeRunnerBackend::DEEP_GEMM, config, MoeA2ABackend::NONE);
+    MoeRunner r(MoeRunnerBackend::AITER, config, MoeA2ABackend::NONE);
     FAIL();
   } catch (const Unsupported& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("Unsupported runner backend: MoeRunnerBackend.DEEP_GEMM", 0), 0u);
+    EXPECT_EQ(std::string(e.what()).rfind("Unsupported runner backend: MoeRunnerBackend.AITER", 0), 0u);
   }
   EXPECT_THROW(MoeRunner(MoeRunnerBackend::AUTO, config), Unsupported);
   EXPECT_THROW(MoeRunner(MoeRunnerBackend::TRITON, config, MoeA2ABackend::NONE, true), Unsupported);
@@ -214,9 +220,13 @@ TEST_P(RunnerPathTest, EmptyInputR9AndInvalidIdsR14) {
 
 std::vector<PathParam> paths() {
   std::vector<PathParam> out;
-  for (const auto& [backend, origin] : registered_runner_cores())
+  for (const auto& [backend, origin] : registered_runner_cores()) {
+    // Backends whose payload carries plain f32/f16/bf16 experts (quant_info_for above); the
+    // quantized backends (deep_gemm) have their own suites.
+    if (backend != MoeRunnerBackend::TRITON && backend != MoeRunnerBackend::TORCH_NATIVE) continue;
     for (bool unfused : {false, true})
       for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) out.push_back({backend, unfused, d});
+  }
   return out;
 }
 

@@ -372,10 +372,10 @@ CONSTRUCTION_CASES = [
     ),
     P(lambda w: _runner("triton", lora=True), Uns, "LoRA", id="runner-lora-enabled"),
     P(
-        lambda w: _runner("deep_gemm"),
+        lambda w: _runner("aiter"),
         Uns,
-        L("Unsupported runner backend: MoeRunnerBackend.DEEP_GEMM"),
-        id="runner-deep-gemm-no-core",
+        L("Unsupported runner backend: MoeRunnerBackend.AITER"),
+        id="runner-aiter-no-core",
     ),
     P(
         lambda w: _runner("triton_kernel"),
@@ -1062,34 +1062,34 @@ RUN_CASES = [
     ),
     P(
         lambda w: _run(w, quant=_tqi(use_fp8_w8a8=True)),
-        Uns,
-        "quantized Triton paths",
+        DT,
+        "use_fp8_w8a8 expects fp8_e4m3fn weights",
         id="run-triton-use-fp8-w8a8",
     ),
     P(
         lambda w: _run(w, quant=_tqi(use_int8_w8a8=True)),
-        Uns,
-        "quantized Triton paths",
+        DT,
+        "use_int8_w8a8 expects i8 weights",
         id="run-triton-use-int8-w8a8",
     ),
     P(
         lambda w: _run(w, quant=_tqi(use_int8_w8a16=True)),
-        Uns,
-        "quantized Triton paths",
+        DT,
+        "use_int8_w8a16 expects i8 weights",
         id="run-triton-use-int8-w8a16",
     ),
     P(
         lambda w: _run(w, quant=_tqi(use_int4_w4a16=True)),
         Uns,
-        "quantized Triton paths",
+        L("use_int4_w4a16 (GPTQ/AWQ) is not built"),
         id="run-triton-use-int4-w4a16",
     ),
     P(
         lambda w: _run(
             w, quant=_tqi(use_fp8_w8a8=True, block_shape=[128, 128]), force_unfused=True
         ),
-        Uns,
-        "quantized Triton paths",
+        DT,
+        "use_fp8_w8a8 expects fp8_e4m3fn weights",
         id="run-triton-fp8-block-unfused",
     ),
     # config rules enforced at run

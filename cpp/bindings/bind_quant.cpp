@@ -153,7 +153,7 @@ void bind_quant(py::module_& m) {
         m, "DeepGemmMoeQuantInfo", "Payload of the deep_gemm runner (sglang moe_runner/deep_gemm.py).");
     cls.def(py::init([](py::object w13, py::object w2, bool use_fp8, py::object w13_scale,
                         py::object w2_scale, std::optional<std::vector<int64_t>> block_shape,
-                        bool is_fp4_experts) {
+                        bool is_fp4_experts, bool scale_ue8m0) {
               auto q = std::make_shared<Q>();
               q->w13_weight = to_required_tensor(w13, "DeepGemmMoeQuantInfo.w13_weight");
               q->w2_weight = to_required_tensor(w2, "DeepGemmMoeQuantInfo.w2_weight");
@@ -162,6 +162,7 @@ void bind_quant(py::module_& m) {
               q->w2_scale = to_tensor(w2_scale, "DeepGemmMoeQuantInfo.w2_scale");
               q->block_shape = check_block_shape("DeepGemmMoeQuantInfo", block_shape);
               q->is_fp4_experts = is_fp4_experts;
+              q->scale_ue8m0 = scale_ue8m0;
               MOECORE_CHECK(q->w13_weight.ndim() == 3 && q->w2_weight.ndim() == 3 &&
                                 q->w13_weight.size(0) == q->w2_weight.size(0),
                             "DeepGemmMoeQuantInfo: expected w13_weight [E, 2I, H] and w2_weight "
@@ -171,11 +172,13 @@ void bind_quant(py::module_& m) {
               return q;
             }),
             py::kw_only(), "w13_weight"_a, "w2_weight"_a, "use_fp8"_a, "w13_scale"_a = py::none(),
-            "w2_scale"_a = py::none(), "block_shape"_a = py::none(), "is_fp4_experts"_a = false);
+            "w2_scale"_a = py::none(), "block_shape"_a = py::none(), "is_fp4_experts"_a = false,
+            "scale_ue8m0"_a = false);
     tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight),
                       field("w13_scale", &Q::w13_scale), field("w2_scale", &Q::w2_scale));
     cls.def_readonly("use_fp8", &Q::use_fp8)
         .def_readonly("is_fp4_experts", &Q::is_fp4_experts)
+        .def_readonly("scale_ue8m0", &Q::scale_ue8m0)
         .def_property_readonly("block_shape", [](const Q& q) -> py::object {
           return q.block_shape.empty() ? py::none() : py::cast(q.block_shape);
         })
@@ -192,7 +195,7 @@ void bind_quant(py::module_& m) {
     cls.def(py::init([](py::object w13, py::object w2, py::object w13_sf, py::object w2_sf,
                         py::object w1_alpha, py::object w2_alpha, py::object a1_scale,
                         py::object a2_scale, py::object wrapper, bool use_nvfp4_dispatch,
-                        py::object down_gemm_overlap_args) {
+                        py::object down_gemm_overlap_args, int64_t local_expert_offset) {
               auto q = std::make_shared<Q>();
               q->w13_weight = to_required_tensor(w13, "CuteDslFp4MoeQuantInfo.w13_weight");
               q->w2_weight = to_required_tensor(w2, "CuteDslFp4MoeQuantInfo.w2_weight");
@@ -203,6 +206,9 @@ void bind_quant(py::module_& m) {
               q->a1_scale = to_required_tensor(a1_scale, "CuteDslFp4MoeQuantInfo.a1_scale");
               q->a2_scale = to_required_tensor(a2_scale, "CuteDslFp4MoeQuantInfo.a2_scale");
               q->use_nvfp4_dispatch = use_nvfp4_dispatch;
+              MOECORE_CHECK(local_expert_offset >= 0, "CuteDslFp4MoeQuantInfo: "
+                            "local_expert_offset must be >= 0, got ", local_expert_offset);
+              q->local_expert_offset = local_expert_offset;
               MOECORE_CHECK(q->w13_weight.ndim() == 3 && q->w2_weight.ndim() == 3 &&
                                 q->w13_weight.size(0) == q->w2_weight.size(0),
                             "CuteDslFp4MoeQuantInfo: expected w13_weight [E, 2I, H/2] and "
@@ -212,12 +218,14 @@ void bind_quant(py::module_& m) {
             }),
             py::kw_only(), "w13_weight"_a, "w2_weight"_a, "w13_weight_sf"_a, "w2_weight_sf"_a,
             "w1_alpha"_a, "w2_alpha"_a, "a1_scale"_a, "a2_scale"_a, "wrapper"_a = py::none(),
-            "use_nvfp4_dispatch"_a = false, "down_gemm_overlap_args"_a = py::none());
+            "use_nvfp4_dispatch"_a = false, "down_gemm_overlap_args"_a = py::none(),
+            "local_expert_offset"_a = 0);
     tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight),
                       field("w13_weight_sf", &Q::w13_weight_sf), field("w2_weight_sf", &Q::w2_weight_sf),
                       field("w1_alpha", &Q::w1_alpha), field("w2_alpha", &Q::w2_alpha),
                       field("a1_scale", &Q::a1_scale), field("a2_scale", &Q::a2_scale));
     cls.def_readonly("use_nvfp4_dispatch", &Q::use_nvfp4_dispatch)
+        .def_readonly("local_expert_offset", &Q::local_expert_offset)
         .def("__repr__", [](const Q& q) {
           return quant_repr("CuteDslFp4MoeQuantInfo", {{"w13_weight", &q.w13_weight}, {"w2_weight", &q.w2_weight},
                                                        {"w13_weight_sf", &q.w13_weight_sf}, {"w2_weight_sf", &q.w2_weight_sf},

@@ -32,6 +32,7 @@ from .enums import (
     TopKOutputFormat,
 )
 from .dtypes import Tagged, tagged
+from . import formats
 from ._moecore import (
     BypassedTopKOutput,
     CombineInput,
@@ -141,6 +142,6 @@ __all__ = [
     # machine
     "set_num_threads", "get_num_threads", "detected_isa_level", "get_isa_level",
     "set_isa_level", "available_isa_levels", "cpu_features", "isa_level",
-    # dtypes
-    "Tagged", "tagged",
+    # dtypes and formats
+    "Tagged", "tagged", "formats",
 ]

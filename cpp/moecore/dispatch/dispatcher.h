@@ -56,8 +56,12 @@ class StandardDispatcher : public BaseDispatcher {
   DispatchOutputPtr dispatch(const Tensor& hidden_states, const TopKOutput& topk) override;
   Tensor combine(const CombineInputPtr& combine_input) override;
 
-  /// Global → local id map, i32 [num_experts] (undefined when no mapping applies).
+  /// Global → local id map, i32 [num_experts], applied by dispatch (undefined when dispatch does
+  /// not map: ep_size 1, or a runner backend that takes global ids).
   const Tensor& local_expert_mapping() const { return local_expert_mapping_; }
+  /// This rank's local id of a global expert, or −1 when another rank owns it — the ownership
+  /// rule whether or not dispatch maps ids (weights are sliced the same way either way).
+  int64_t local_expert_id(int64_t global_expert_id) const;
   int64_t num_local_experts() const { return num_local_routed_experts_ + num_shared_; }
   int64_t ep_size() const { return ep_size_; }
   int64_t ep_rank() const { return ep_rank_; }

@@ -52,12 +52,16 @@ StandardDispatcher::StandardDispatcher(int64_t num_experts, int64_t ep_size, int
   num_local_routed_experts_ = routed / ep_size;
   if (ep_size == 1 || uses_global_expert_ids(runner_backend)) return;
   local_expert_mapping_ = Tensor::empty({num_experts}, DType::kI32);
-  int32_t* map = local_expert_mapping_.ptr<int32_t>();
-  std::fill(map, map + num_experts, -1);
-  for (int64_t i = 0; i < num_local_routed_experts_; ++i)
-    map[ep_rank * num_local_routed_experts_ + i] = static_cast<int32_t>(i);
-  for (int64_t j = 0; j < num_fused_shared_experts; ++j)
-    map[routed + j] = static_cast<int32_t>(num_local_routed_experts_ + j);
+  for (int64_t e = 0; e < num_experts; ++e)
+    local_expert_mapping_.ptr<int32_t>()[e] = static_cast<int32_t>(local_expert_id(e));
+}
+
+int64_t StandardDispatcher::local_expert_id(int64_t global_expert_id) const {
+  const int64_t routed = num_experts_ - num_shared_;
+  if (global_expert_id >= routed) return num_local_routed_experts_ + (global_expert_id - routed);
+  const int64_t start = ep_rank_ * num_local_routed_experts_;
+  const bool mine = global_expert_id >= start && global_expert_id < start + num_local_routed_experts_;
+  return mine ? global_expert_id - start : -1;
 }
 
 DispatchOutputPtr StandardDispatcher::dispatch(const Tensor& hidden_states,

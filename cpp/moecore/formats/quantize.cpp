@@ -522,11 +522,10 @@ Tensor unpack_ue8m0(const TensorView& packed, int64_t groups) {
 // ---------------------------------------------------------------------------------------------
 // FP8.
 
-Tensor quantize_fp8_static(const TensorView& x, float scale) {
-  constexpr const char* kApi = "quantize_fp8_static";
-  check_float_input(x, kApi, "x", 0);
-  check_positive_scale(scale, kApi, "scale");
-  check_finite(x, kApi, "x");
+namespace {
+
+/// q = sat(x / scale) for validated input.
+Tensor fp8_static_unchecked(const TensorView& x, float scale) {
   const Rows rows(x);
   Tensor out = Tensor::empty(shape_of(x), DType::kF8E4M3);
   uint8_t* q = out.ptr<uint8_t>();
@@ -539,6 +538,16 @@ Tensor quantize_fp8_static(const TensorView& x, float scale) {
     }
   });
   return out;
+}
+
+}  // namespace
+
+Tensor quantize_fp8_static(const TensorView& x, float scale) {
+  constexpr const char* kApi = "quantize_fp8_static";
+  check_float_input(x, kApi, "x", 0);
+  check_positive_scale(scale, kApi, "scale");
+  check_finite(x, kApi, "x");
+  return fp8_static_unchecked(x, scale);
 }
 
 QuantizedTensor quantize_fp8_per_tensor(const TensorView& x, float eps) {
@@ -563,7 +572,7 @@ QuantizedTensor quantize_fp8_per_tensor(const TensorView& x, float eps) {
   float amax = 0.0f;
   for (float m : chunk_max) amax = std::max(amax, m);
   const float scale = fp8_dynamic_scale(amax, eps, false);
-  QuantizedTensor out{quantize_fp8_static(x, scale), Tensor::empty({1}, DType::kF32)};
+  QuantizedTensor out{fp8_static_unchecked(x, scale), Tensor::empty({1}, DType::kF32)};
   out.scale.ptr<float>()[0] = scale;
   return out;
 }
@@ -749,13 +758,17 @@ Tensor dequantize_fp8_per_token_group(const TensorView& q, const TensorView& sca
                                       int64_t group_size, DType out_dtype) {
   constexpr const char* kApi = "dequantize_fp8_per_token_group";
   MOECORE_CHECK(group_size > 0, kApi, ": expected group_size > 0, got ", group_size);
-  MOECORE_CHECK(q.ndim >= 2, kApi, ": expected q with at least 2 dims [..., T, K], got ",
-                shape_string(shape_of(q)));
+  MOECORE_CHECK(q.ndim >= 1, kApi, ": expected q with at least 1 dim [..., K], got a scalar");
   MOECORE_CHECK(q.shape[q.ndim - 1] % group_size == 0, kApi,
-                ": expected the last dim to be a "
-                "multiple of group_size=",
-                group_size, ", got ", q.shape[q.ndim - 1]);
-  return dequantize_fp8_block(q, scale, 1, group_size, out_dtype);
+                ": expected the last dim to be a multiple of group_size=", group_size, ", got ",
+                q.shape[q.ndim - 1]);
+  if (q.ndim >= 2) return dequantize_fp8_block(q, scale, 1, group_size, out_dtype);
+  // A single row [K] with scales [K/G]: the block rule on [1, K] and [1, K/G].
+  MOECORE_CHECK(scale.ndim == 1, kApi, ": expected scale [K/G] for q ", shape_string(shape_of(q)),
+                ", got ", shape_string(shape_of(scale)));
+  Tensor out = dequantize_fp8_block(formats_detail::unsqueeze0(q),
+                                    formats_detail::unsqueeze0(scale), 1, group_size, out_dtype);
+  return Tensor(make_view(out.view().data, out_dtype, shape_of(q)), out.owner());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -959,7 +972,7 @@ QuantizedTensor quantize_int8_rows(const TensorView& x, float eps, const char* a
   check_float_input(x, api, what, 1);
   check_eps(eps, api);
   check_finite(x, api, what);
-  return quantize_rows(x, kInt8StorageDType, [eps](const float* v, int64_t n, uint8_t* q) {
+  return quantize_rows(x, DType::kI8, [eps](const float* v, int64_t n, uint8_t* q) {
     const float amax = std::max(amax_row(v, n), eps);
     int8_quantize_row(v, n, amax, reinterpret_cast<int8_t*>(q));
     return amax / 127.0f;
@@ -978,8 +991,7 @@ QuantizedTensor quantize_int8_per_token(const TensorView& x, float eps) {
 
 Tensor dequantize_int8_per_row(const TensorView& q, const TensorView& scale, DType out_dtype) {
   constexpr const char* kApi = "dequantize_int8_per_row";
-  MOECORE_CHECK_DTYPE(q.dtype == kInt8StorageDType, kApi,
-                      ": expected q dtype u8 (int8 two's-complement bytes), got ",
+  MOECORE_CHECK_DTYPE(q.dtype == DType::kI8, kApi, ": expected q dtype i8, got ",
                       dtype_name(q.dtype));
   return dequantize_rows(q, scale, out_dtype, kApi, [](uint8_t code) {
     return static_cast<float>(static_cast<int8_t>(code));

@@ -23,9 +23,6 @@ constexpr int64_t kFp8GroupSize = 128;
 constexpr int64_t kFp8WeightBlock = 128;
 constexpr int64_t kNvfp4BlockSize = 16;
 constexpr int64_t kMxfp4BlockSize = 32;
-/// moecore's dtype table has no int8 yet: INT8 codes are two's-complement bytes in a kU8 tensor
-/// (the Python layer views them as numpy int8). Switch this alias when kI8 exists.
-constexpr DType kInt8StorageDType = DType::kU8;
 
 /// Codes and their scales.
 struct QuantizedTensor {
@@ -123,7 +120,7 @@ Tensor dequantize_fp8_block(const TensorView& q, const TensorView& scale, int64_
 /// Per-row scales [..., R, 1] (per-channel weights or per-token activations).
 Tensor dequantize_fp8_per_row(const TensorView& q, const TensorView& scale,
                               DType out_dtype = DType::kF32);
-/// Per-token-group scales [..., K/G].
+/// Per-token-group scales [..., K/G] (q [..., K], any ndim ≥ 1).
 Tensor dequantize_fp8_per_token_group(const TensorView& q, const TensorView& scale,
                                       int64_t group_size = kFp8GroupSize,
                                       DType out_dtype = DType::kF32);
@@ -169,13 +166,13 @@ Tensor dequantize_mxfp4(const TensorView& q, const TensorView& scale,
 
 // ---------------------------------------------------------------------------------------------
 // INT8 symmetric (sglang's w8a8 int8 reference): s = max(amax, eps) / 127,
-// q = clamp(round_half_even(x · (127 / max(amax, eps))), −127, 127), codes in kInt8StorageDType.
+// q = clamp(round_half_even(x · (127 / max(amax, eps))), −127, 127), codes kI8.
 
 /// Per output channel of a weight [..., N, K]: scale f32 [..., N, 1].
 QuantizedTensor quantize_int8_per_channel(const TensorView& w, float eps = kDefaultMinAmax);
 /// Per token of an activation [..., T, H]: scale f32 [..., T, 1].
 QuantizedTensor quantize_int8_per_token(const TensorView& x, float eps = kDefaultMinAmax);
-/// x̂ = q · s (q int8 codes as kU8 [..., R, K], scale f32 [..., R, 1], finite > 0).
+/// x̂ = q · s (q kI8 [..., R, K], scale f32 [..., R, 1], finite > 0).
 Tensor dequantize_int8_per_row(const TensorView& q, const TensorView& scale,
                                DType out_dtype = DType::kF32);
 

@@ -99,4 +99,17 @@ inline std::vector<int64_t> leading_shape(const TensorView& v, int drop) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/// The same view with a leading dim of size 1 (ndim < kMaxDims).
+inline TensorView unsqueeze0(const TensorView& v) {
+  TensorView u = v;
+  u.ndim = v.ndim + 1;
+  u.shape[0] = 1;
+  u.strides[0] = 0;
+  for (int d = 0; d < v.ndim; ++d) {
+    u.shape[d + 1] = v.shape[d];
+    u.strides[d + 1] = v.strides[d];
+  }
+  return u;
+}
+
 }  // namespace moecore::formats_detail

@@ -53,9 +53,7 @@ int64_t FusedMoE::local_expert_id(int64_t global_expert_id) const {
   MOECORE_CHECK_INDEX(global_expert_id >= 0 && global_expert_id < options_.num_experts,
                       "FusedMoE.weight_loader: expert_id must be in [0, ", options_.num_experts,
                       "), got ", global_expert_id);
-  const Tensor& map = dispatcher_->local_expert_mapping();
-  if (!map.defined()) return global_expert_id;
-  return map.ptr<int32_t>()[global_expert_id];
+  return dispatcher_->local_expert_id(global_expert_id);
 }
 
 bool FusedMoE::weight_loader(const std::string& param_name, const Tensor& loaded,

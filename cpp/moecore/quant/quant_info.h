@@ -59,6 +59,9 @@ struct DeepGemmMoeQuantInfo : MoeQuantInfo {
   Tensor w2_scale;   // f32 [E, ⌈H/bn⌉, ⌈I/bk⌉]
   std::vector<int64_t> block_shape;  // [bn, bk], empty: None
   bool is_fp4_experts = false;
+  /// moecore: sglang's process-wide deep_gemm_wrapper.DEEPGEMM_SCALE_UE8M0, carried per call:
+  /// activation group scales are rounded up to powers of two and weight scales must be ones.
+  bool scale_ue8m0 = false;
   const char* name() const override { return "DeepGemmMoeQuantInfo"; }
 };
 
@@ -75,6 +78,9 @@ struct CuteDslFp4MoeQuantInfo : MoeQuantInfo {
   Tensor a1_scale;       // f32: activation quant (global) scale; [1] for v2, [E] for v1
   Tensor a2_scale;       // f32, likewise for the GEMM2 input
   bool use_nvfp4_dispatch = false;  // v1 only
+  /// v2: the first global expert id this rank holds (CuteDslMoEWrapper's local_expert_offset,
+  /// ep_rank · E_local); ids are global and the rank's experts are [offset, offset + E).
+  int64_t local_expert_offset = 0;
   const char* name() const override { return "CuteDslFp4MoeQuantInfo"; }
 };
 

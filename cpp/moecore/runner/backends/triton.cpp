@@ -1,27 +1,57 @@
-// Runner backend "triton" (sglang moe_runner/triton.py + fused_moe_triton), unquantized.
-// Registers: runner core TRITON, fused func (none, triton), pre-permute (standard, triton),
-// post-permute (triton, standard). The fused func runs the same three steps without lookups.
+// Runner backend "triton" (sglang moe_runner/triton.py + fused_moe_triton), unquantized and the
+// 8-bit TritonMoeQuantInfo flags. Registers: runner core TRITON, fused func (none, triton),
+// pre-permute (standard, triton), post-permute (triton, standard). The fused func runs the same
+// three steps without lookups.
 //
-// Numeric contract (spec §7.1): GEMM1 accumulates in fp32, adds b13, multiplies the routed
-// weight when apply_router_weight_on_input, rounds to the activation dtype; the activation runs
-// in fp32 and rounds once; GEMM2 accumulates in fp32, adds b2, multiplies the routed weight
+// Numeric contract, unquantized (spec §7.1): GEMM1 accumulates in fp32, adds b13, multiplies the
+// routed weight when apply_router_weight_on_input, rounds to the activation dtype; the activation
+// runs in fp32 and rounds once; GEMM2 accumulates in fp32, adds b2, multiplies the routed weight
 // (unless applied on input) and rounds each (token, slot) row; the top-k sum is fp32 in slot
 // order, times routed_scaling_factor, rounded once. With top_k == 1 the same path applies, so
 // out = round(rsf · round(w · expert_out)) — sglang's uninitialised-buffer hazard (R16) cannot
 // occur. no_combine returns the per-slot rows [T, k, H] (weighted, rsf not applied, as sglang).
 // Slots with id −1 contribute nothing. inplace writes the output into hidden_states.
+//
+// Numeric contract, quantized (fused_moe_triton_kernels.py, invoke_fused_moe_kernel): the same
+// rounding points, with each GEMM input A quantized first and each GEMM scaled per K block b:
+//   acc = Σ_b ((dot_b(qa, qw) · sa[row, b]) · sw[col, b])      (quant_gemm.h, fp32)
+// then + bias, × routed weight, round. The Triton kernel forms sa·sw first and multiplies once
+// (per K block for block scales, at the end otherwise); moecore multiplies dot·sa, then ·sw — one
+// fp32 rounding apart, far below the act-dtype rounding that follows.
+//   use_fp8_w8a8, block_shape [bn, bk]: W e4m3 with scales [E, ⌈N/bn⌉, ⌈K/bk⌉]; A per token
+//     group of bk (sglang_per_token_group_quant_fp8: s = max(amax, 1e-10)/448, q = x / s); H and
+//     I must be multiples of bk; a13/a2 scales must be None (sglang ignores them).
+//   use_fp8_w8a8, per_channel_quant: W scales [E, N] (or [E, N, 1]); A static per-tensor when
+//     a13_scale/a2_scale is given, else dynamic per token (s = amax/448, q = x · (1/s)).
+//   use_fp8_w8a8 (per-tensor): W scales [E]; A static (q = x · (1/s)) when a13_scale/a2_scale is
+//     given, else DYNAMIC PER-TENSOR: s = amax/448 over the whole GEMM input — x [T, H] for GEMM1,
+//     all T·k activation rows for GEMM2 — sglang's contract. This one mode is batch-dependent:
+//     a token's result depends on the other tokens of its batch.
+//   use_int8_w8a8 (per_channel_quant required): W int8 [E, N, K], scales [E, N]; A per token
+//     (per_token_quant_int8: a = max(amax, 1e-10), s = a/127, q = round_half_away(x · (127/a)));
+//     the int8 dot is exact int32 (the Triton kernel adds int32 block dots into fp32: equal while
+//     partial sums stay below 2^24).
+//   use_int8_w8a16: W int8 with per-channel scales [E, N]; A unquantized; acc = dot(a, qw)·sw.
+// Weight scales must be finite and ≥ 0 (0 is an all-zero expert); static activation scales
+// finite and > 0. Every mode except dynamic per-tensor is batch invariant and, like the
+// unquantized path, bitwise deterministic across thread counts (the quantized GEMMs run the
+// scalar canonical dot at every ISA level).
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/runner/expert_compute.h"
+#include "moecore/runner/quant_compute.h"
 #include "moecore/runner/registry.h"
 
 namespace moecore {
 namespace {
 
 constexpr int64_t kBlockM = 16;  // rows per block of the sorted layout (BLOCK_SIZE_M)
+constexpr const char* kApi = "MoeRunner(triton)";
 
 /// TritonRunnerInput (hidden_states, topk_weights, topk_ids, sorted_token_ids, expert_ids,
 /// num_tokens_post_padded).
@@ -41,16 +71,329 @@ const TritonMoeQuantInfo& as_triton_info(const QuantInfoPtr& q) {
   auto* info = dynamic_cast<const TritonMoeQuantInfo*>(q.get());
   MOECORE_CHECK_DTYPE(info != nullptr, "MoeRunner(triton): expected TritonMoeQuantInfo, got ",
                       q->name());
-  if (info->is_quantized())
-    MOECORE_UNSUPPORTED("MoeRunner(triton): quantized Triton paths (fp8/int8/int4 flags) are not "
-                        "built yet; only the unquantized path runs");
   return *info;
 }
 
-ExpertWeights weights_of(const TritonMoeQuantInfo& q, const MoeRunnerConfig& config) {
-  return check_expert_weights("MoeRunner(triton)", q.w13_weight, q.w2_weight, q.b13, q.b2,
-                              config.is_gated);
+// ---------------------------------------------------------------------------------------------
+// The quantized contract: validation and the plan it resolves to.
+
+/// A quantized payload resolved against the activation dtype: the expert MLP (weights as
+/// WeightOperands, biases, activation) and the quantization rule of each GEMM input.
+struct QuantPlan {
+  ExpertWeights shape;  // dims and the activation dtype (no dense weights)
+  ExpertMlp mlp;        // quantizers are made per call (a dynamic scale needs the batch)
+  ActQuant q1 = ActQuant::kNone, q2 = ActQuant::kNone;
+  float s1 = 0.0f, s2 = 0.0f;  // static per-tensor scales
+  int64_t group = 0;           // block_k of the group rule
+  bool integer = false;        // int8 codes on both sides (exact int32 dots)
+};
+
+void check_bias(const Tensor& b, const char* name, int64_t e, int64_t n) {
+  if (!b.defined()) return;
+  MOECORE_CHECK_DTYPE(is_activation_dtype(b.dtype()), kApi, ": ", name,
+                      " must be f32, f16 or bf16, got ", b.describe());
+  MOECORE_CHECK(b.view().shape_vector() == std::vector<int64_t>({e, n}) && b.view().is_contiguous(),
+                kApi, ": expected contiguous ", name, " [", e, ", ", n, "], got ", b.describe());
 }
+
+WeightOperand operand(WeightCoding coding, const Tensor& w, TensorView scale, int64_t e, int64_t n,
+                      int64_t k) {
+  WeightOperand op;
+  op.coding = coding;
+  op.data = w.view();
+  op.scale = scale;
+  op.num_experts = e;
+  op.n = n;
+  op.k = k;
+  return op;
+}
+
+// Per-tensor weight scales [E] (one per expert, sglang's w13_weight_scale after the max-requant).
+TensorView per_tensor_weight_scale(const char* name, const Tensor& s, int64_t e) {
+  MOECORE_CHECK(s.defined(), kApi, ": ", name, " is required for use_fp8_w8a8");
+  MOECORE_CHECK(s.ndim() == 1 && s.size(0) == e, kApi, ": expected per-tensor ", name, " [", e,
+                "] (one scale per expert), got ", s.describe());
+  return s.view();
+}
+
+QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& config,
+                          DType act_dtype) {
+  MOECORE_CHECK_DTYPE(is_activation_dtype(act_dtype), kApi,
+                      ": hidden_states must be f32, f16 or bf16, got ", dtype_name(act_dtype));
+  const int flags = q.use_fp8_w8a8 + q.use_int8_w8a8 + q.use_int8_w8a16 + q.use_int4_w4a16;
+  MOECORE_CHECK(flags == 1, kApi,
+                ": expected exactly one of use_fp8_w8a8, use_int8_w8a8, "
+                "use_int8_w8a16, use_int4_w4a16, got ",
+                flags);
+  if (q.use_int4_w4a16)
+    MOECORE_UNSUPPORTED(kApi,
+                        ": use_int4_w4a16 (GPTQ/AWQ) is not built; supported quantized "
+                        "flags: use_fp8_w8a8, use_int8_w8a8, use_int8_w8a16");
+  if (q.w13_zp.defined() || q.w2_zp.defined())
+    MOECORE_UNSUPPORTED(kApi,
+                        ": weight zero points (w13_zp/w2_zp) belong to the GPTQ/AWQ "
+                        "kernel, which is not built");
+  const Tensor& w13 = q.w13_weight;
+  const Tensor& w2 = q.w2_weight;
+  MOECORE_CHECK(w13.defined() && w2.defined(), kApi, ": w13_weight and w2_weight are required");
+  const DType wdt = q.use_fp8_w8a8 ? DType::kF8E4M3 : DType::kI8;
+  MOECORE_CHECK_DTYPE(w13.dtype() == wdt && w2.dtype() == wdt, kApi, ": ",
+                      q.use_fp8_w8a8    ? "use_fp8_w8a8"
+                      : q.use_int8_w8a8 ? "use_int8_w8a8"
+                                        : "use_int8_w8a16",
+                      " expects ", dtype_name(wdt), " weights, got ", w13.describe(), " and ",
+                      w2.describe());
+  MOECORE_CHECK(w13.ndim() == 3 && w2.ndim() == 3, kApi,
+                ": expected w13_weight [E, 2I, H] and w2_weight [E, H, I], got ", w13.describe(),
+                " and ", w2.describe());
+  MOECORE_CHECK(w13.view().is_contiguous() && w2.view().is_contiguous(), kApi,
+                ": expert weights must be contiguous");
+  QuantPlan plan;
+  ExpertWeights& w = plan.shape;
+  w.num_experts = w13.size(0);
+  w.n1 = w13.size(1);
+  w.hidden = w13.size(2);
+  w.inter = w2.size(2);
+  w.dtype = act_dtype;
+  const bool gated = config.is_gated;
+  MOECORE_CHECK(w2.size(0) == w.num_experts && w2.size(1) == w.hidden, kApi,
+                ": w2_weight must be [E, H, I] = [", w.num_experts, ", ", w.hidden, ", I], got ",
+                w2.describe());
+  MOECORE_CHECK(w.n1 == (gated ? 2 : 1) * w.inter, kApi, ": w13_weight rows must be ",
+                gated ? "2·I" : "I", " (is_gated=", gated ? "True" : "False", ", I=", w.inter,
+                "), got ", w13.describe());
+  MOECORE_CHECK(w.num_experts > 0 && w.hidden > 0 && w.inter > 0, kApi,
+                ": expected E, H, I > 0, got w13 ", w13.describe(), ", w2 ", w2.describe());
+  check_bias(q.b13, "b13", w.num_experts, w.n1);
+  check_bias(q.b2, "b2", w.num_experts, w.hidden);
+  const int64_t E = w.num_experts;
+
+  ExpertMlp& mlp = plan.mlp;
+  WeightOperand& o1 = mlp.gemm1.weight;
+  WeightOperand& o2 = mlp.gemm2.weight;
+  if (q.use_fp8_w8a8 && !q.block_shape.empty()) {
+    MOECORE_CHECK(q.block_shape.size() == 2 && q.block_shape[0] > 0 && q.block_shape[1] > 0, kApi,
+                  ": block_shape must be [block_n, block_k] > 0, got ",
+                  shape_string(q.block_shape));
+    MOECORE_CHECK(!q.per_channel_quant, kApi,
+                  ": per_channel_quant=True and block_shape are "
+                  "exclusive (block scales win in sglang's kernel); pass one of them");
+    MOECORE_CHECK(!q.a13_scale.defined() && !q.a2_scale.defined(), kApi,
+                  ": block-quantized fp8 quantizes activations dynamically per token group; "
+                  "a13_scale and a2_scale must be None (sglang ignores them)");
+    const int64_t bn = q.block_shape[0], bk = q.block_shape[1];
+    MOECORE_CHECK(w.hidden % bk == 0 && w.inter % bk == 0, kApi,
+                  ": block-quantized fp8 quantizes activations per token group of block_k=", bk,
+                  "; expected H and I divisible by it, got H=", w.hidden, ", I=", w.inter);
+    auto block_scale = [&](const char* name, const Tensor& s, int64_t n, int64_t k) {
+      const std::vector<int64_t> want = {E, (n + bn - 1) / bn, (k + bk - 1) / bk};
+      MOECORE_CHECK(s.defined() && s.view().shape_vector() == want, kApi, ": expected ", name, " ",
+                    shape_string(want), " (block scales of block_shape [", bn, ", ", bk, "]), got ",
+                    s.describe());
+      check_scale_values(kApi, name, s.view(), true);
+      return s.view();
+    };
+    o1 = operand(WeightCoding::kFp8, w13, block_scale("w13_scale", q.w13_scale, w.n1, w.hidden), E,
+                 w.n1, w.hidden);
+    o2 = operand(WeightCoding::kFp8, w2, block_scale("w2_scale", q.w2_scale, w.hidden, w.inter), E,
+                 w.hidden, w.inter);
+    o1.block_n = o2.block_n = bn;
+    o1.block_k = o2.block_k = bk;
+    plan.q1 = plan.q2 = ActQuant::kFp8PerTokenGroup;
+    plan.group = bk;
+  } else if (q.use_fp8_w8a8) {
+    TensorView s13, s2;
+    if (q.per_channel_quant) {
+      s13 = per_channel_scale_view(kApi, "w13_scale", q.w13_scale, E, w.n1);
+      s2 = per_channel_scale_view(kApi, "w2_scale", q.w2_scale, E, w.hidden);
+    } else {
+      s13 = per_tensor_weight_scale("w13_scale", q.w13_scale, E);
+      s2 = per_tensor_weight_scale("w2_scale", q.w2_scale, E);
+    }
+    check_scale_values(kApi, "w13_scale", s13, true);
+    check_scale_values(kApi, "w2_scale", s2, true);
+    o1 = operand(WeightCoding::kFp8, w13, s13, E, w.n1, w.hidden);
+    o2 = operand(WeightCoding::kFp8, w2, s2, E, w.hidden, w.inter);
+    const ActQuant dynamic =
+        q.per_channel_quant ? ActQuant::kFp8PerToken : ActQuant::kFp8PerTensorDynamic;
+    plan.q1 = q.a13_scale.defined() ? ActQuant::kFp8Static : dynamic;
+    plan.q2 = q.a2_scale.defined() ? ActQuant::kFp8Static : dynamic;
+    if (q.a13_scale.defined()) plan.s1 = scalar_scale(kApi, "a13_scale", q.a13_scale);
+    if (q.a2_scale.defined()) plan.s2 = scalar_scale(kApi, "a2_scale", q.a2_scale);
+  } else {
+    if (q.use_int8_w8a8) {
+      if (!q.block_shape.empty())
+        MOECORE_UNSUPPORTED(kApi,
+                            ": block-wise int8 w8a8 (per_token_group_quant_int8) is not "
+                            "built; use per_channel_quant=True without block_shape");
+      MOECORE_ASSERT(q.per_channel_quant,
+                     "int8 quantization only supports channel-wise quantization except for "
+                     "block-wise quantization");
+    } else if (!q.block_shape.empty()) {
+      MOECORE_UNSUPPORTED(kApi,
+                          ": use_int8_w8a16 with block_shape (the grouped GPTQ/AWQ kernel) "
+                          "is not built; pass per-channel scales and block_shape=None");
+    }
+    MOECORE_CHECK(!q.a13_scale.defined() && !q.a2_scale.defined(), kApi, ": ",
+                  q.use_int8_w8a8 ? "use_int8_w8a8 quantizes activations dynamically per token"
+                                  : "use_int8_w8a16 does not quantize activations",
+                  "; a13_scale and a2_scale must be None");
+    const TensorView s13 = per_channel_scale_view(kApi, "w13_scale", q.w13_scale, E, w.n1);
+    const TensorView s2 = per_channel_scale_view(kApi, "w2_scale", q.w2_scale, E, w.hidden);
+    check_scale_values(kApi, "w13_scale", s13, true);
+    check_scale_values(kApi, "w2_scale", s2, true);
+    o1 = operand(WeightCoding::kInt8, w13, s13, E, w.n1, w.hidden);
+    o2 = operand(WeightCoding::kInt8, w2, s2, E, w.hidden, w.inter);
+    if (q.use_int8_w8a8) {
+      plan.q1 = plan.q2 = ActQuant::kInt8PerToken;
+      plan.integer = true;
+    }
+  }
+  if (q.b13.defined()) mlp.gemm1.bias = q.b13.view();
+  if (q.b2.defined()) mlp.gemm2.bias = q.b2.view();
+  mlp.activation = activation_spec(config, kApi);
+  mlp.act_dtype = act_dtype;
+  mlp.hidden = w.hidden;
+  mlp.inter = w.inter;
+  return plan;
+}
+
+/// The dims and activation dtype of a payload (validated), for check_routed_tokens.
+ExpertWeights validated_weights(const TritonMoeQuantInfo& q, const MoeRunnerConfig& config,
+                                const Tensor& x) {
+  if (!q.is_quantized())
+    return check_expert_weights(kApi, q.w13_weight, q.w2_weight, q.b13, q.b2, config.is_gated);
+  MOECORE_CHECK(x.defined(), kApi, ": hidden_states is required");
+  return make_quant_plan(q, config, x.dtype()).shape;
+}
+
+// Adds the bias row, applies the row scale where the contract puts it, rounds to act dtype
+// (expert_compute.cpp's epilogue, for the quantized pipeline below).
+void epilogue(const ExpertMlp& mlp, int64_t expert, float* rows, int64_t m, int64_t width,
+              const TensorView& b, const float* row_scale, bool scale, std::vector<float>& bias) {
+  const bool has_bias = b.data != nullptr;
+  if (has_bias) {
+    bias.resize(static_cast<size_t>(width));
+    load_f32(b.at({expert, 0}), b.dtype, width, bias.data());
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = rows + r * width;
+    for (int64_t c = 0; c < width; ++c) {
+      float v = has_bias ? row[c] + bias[c] : row[c];
+      if (scale) v *= row_scale[r];
+      row[c] = round_to(mlp.act_dtype, v);
+    }
+  }
+}
+
+// One GEMM of the quantized pipeline on m rows `in` [m, K] (not modified): quantize a copy when
+// the GEMM has a quantizer, then the scaled GEMM into out [m, N].
+void quant_gemm(const ExpertGemm& g, int64_t expert, const float* in, int64_t m,
+                std::vector<float>& scratch, std::vector<float>& scales, float* out) {
+  const int64_t k = g.weight.k;
+  ActivationCodes codes;
+  codes.codes = in;
+  codes.ld = k;
+  if (g.quantize) {
+    scratch.assign(in, in + m * k);
+    scales.resize(static_cast<size_t>(m * g.scales_per_row));
+    g.quantize(scratch.data(), m, k, k, scales.data());
+    codes.codes = scratch.data();
+    codes.scales = scales.data();
+    codes.scales_per_row = g.scales_per_row;
+    codes.integer = g.integer_codes;
+  }
+  scaled_gemm(codes, m, g.weight, expert, 0, g.weight.n, nullptr, out, g.weight.n);
+}
+
+// Installs the quantizer of a GEMM for this call; a dynamic per-tensor rule becomes the static
+// rule with the scale the batch gives (amax of the whole GEMM input / 448).
+void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t group, bool integer) {
+  g.quantize = make_act_quantizer(rule, static_scale, group);
+  g.scales_per_row = act_scales_per_row(rule, g.weight.k, group);
+  g.integer_codes = integer;
+}
+
+/// The quantized expert compute on the moe_align_block_size layout, in two stages so that a
+/// dynamic per-tensor GEMM2 scale can see every activation row first: (1) per block, GEMM1 →
+/// epilogue → activation into h2 rows indexed by slot; (2) per block, GEMM2 → epilogue into the
+/// slot outputs. Blocks and rows have a static schedule; each row's result depends only on its
+/// inputs and the (per-call) scales.
+void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* sorted,
+                   const int32_t* experts, int64_t num_blocks, RowScaleAt scale_at,
+                   const TensorView& slots) {
+  ExpertMlp& mlp = plan.mlp;
+  const int64_t H = plan.shape.hidden, I = plan.shape.inter, n1 = plan.shape.n1;
+  const int64_t T = tokens.num_tokens, k = tokens.top_k;
+  const int64_t sentinel = T * k;
+  if (plan.q1 == ActQuant::kFp8PerTensorDynamic) {
+    float amax = 0.0f;
+    std::vector<float> row(static_cast<size_t>(H));
+    for (int64_t t = 0; t < T; ++t) {
+      load_f32(tokens.x.at({t, 0}), tokens.x.dtype, H, row.data());
+      amax = std::fmax(amax, amax_rows(row.data(), 1, H, H));
+    }
+    plan.s1 = fp8_per_tensor_scale(amax);
+  }
+  set_quantizer(mlp.gemm1, plan.q1, plan.s1, plan.group, plan.integer);
+  // Slot rows of the activation output; rows of invalid slots stay zero (sglang's kernel writes
+  // zeros for them), so they never change a per-tensor amax.
+  std::vector<float> h2(static_cast<size_t>(T * k * I), 0.0f);
+  parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> a(kBlockM * H), h1(kBlockM * n1), act(kBlockM * I), scale(kBlockM);
+    std::vector<float> scratch, qscales, bias;
+    std::vector<int64_t> slot(kBlockM);
+    ActivationSpec spec = mlp.activation;
+    spec.round_dtype = mlp.act_dtype;
+    for (int64_t b = begin; b < end; ++b) {
+      int64_t m = 0;
+      for (int64_t r = 0; r < kBlockM; ++r) {
+        const int64_t s = sorted[b * kBlockM + r];
+        if (s >= sentinel) continue;
+        slot[m] = s;
+        scale[m] = tokens.weight(s / k, s % k);
+        load_f32(tokens.x.at({s / k, 0}), tokens.x.dtype, H, a.data() + m * H);
+        ++m;
+      }
+      if (m == 0) continue;
+      const int64_t e = experts[b];
+      quant_gemm(mlp.gemm1, e, a.data(), m, scratch, qscales, h1.data());
+      epilogue(mlp, e, h1.data(), m, n1, mlp.gemm1.bias, scale.data(),
+               scale_at == RowScaleAt::kGemm1, bias);
+      apply_activation(spec, h1.data(), n1, act.data(), I, m, I);
+      for (int64_t r = 0; r < m; ++r)
+        std::copy(act.begin() + r * I, act.begin() + (r + 1) * I, h2.begin() + slot[r] * I);
+    }
+  });
+  if (plan.q2 == ActQuant::kFp8PerTensorDynamic)
+    plan.s2 = fp8_per_tensor_scale(amax_rows(h2.data(), T * k, I, I));
+  set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
+  parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> a(kBlockM * I), y(kBlockM * H), scale(kBlockM);
+    std::vector<float> scratch, qscales, bias;
+    std::vector<int64_t> slot(kBlockM);
+    for (int64_t b = begin; b < end; ++b) {
+      int64_t m = 0;
+      for (int64_t r = 0; r < kBlockM; ++r) {
+        const int64_t s = sorted[b * kBlockM + r];
+        if (s >= sentinel) continue;
+        slot[m] = s;
+        scale[m] = tokens.weight(s / k, s % k);
+        std::copy(h2.begin() + s * I, h2.begin() + (s + 1) * I, a.begin() + m * I);
+        ++m;
+      }
+      if (m == 0) continue;
+      const int64_t e = experts[b];
+      quant_gemm(mlp.gemm2, e, a.data(), m, scratch, qscales, y.data());
+      epilogue(mlp, e, y.data(), m, H, mlp.gemm2.bias, scale.data(), scale_at == RowScaleAt::kGemm2,
+               bias);
+      for (int64_t r = 0; r < m; ++r)
+        store_f32(y.data() + r * H, H, mlp.act_dtype, slots.at({slot[r] / k, slot[r] % k, 0}));
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
 
 const StandardDispatchOutput& as_standard(const DispatchOutputPtr& d) {
   auto* out = dynamic_cast<const StandardDispatchOutput*>(d.get());
@@ -60,16 +403,16 @@ const StandardDispatchOutput& as_standard(const DispatchOutputPtr& d) {
 
 RunnerInputPtr pre_permute_standard_to_triton(const DispatchOutputPtr& dispatch,
                                               const QuantInfoPtr& quant_info,
-                                              const MoeRunnerConfig& config,
-                                              RunningState& state) {
+                                              const MoeRunnerConfig& config, RunningState& state) {
   const StandardDispatchOutput& d = as_standard(dispatch);
-  const ExpertWeights w = weights_of(as_triton_info(quant_info), config);
+  const ExpertWeights w = validated_weights(as_triton_info(quant_info), config, d.hidden_states);
   StandardTopKOutput topk = to_standard(d.topk_output);
   const RoutedTokens tokens = check_routed_tokens("MoeRunner(triton)", d.hidden_states, topk, w);
   MOECORE_CHECK(!config.apply_router_weight_on_input || tokens.top_k == 1,
                 "Only support topk=1 when `apply_router_weight_on_input` is True");
   if (config.inplace && !config.no_combine)
-    MOECORE_CHECK(d.hidden_states.view().writable, "MoeRunner(triton): inplace=True writes the "
+    MOECORE_CHECK(d.hidden_states.view().writable,
+                  "MoeRunner(triton): inplace=True writes the "
                   "output into hidden_states, which is read-only");
   BlockLayout layout = align_block_size(tokens, w.num_experts, kBlockM);
   auto input = std::make_shared<TritonRunnerInput>();
@@ -96,10 +439,12 @@ class TritonRunnerCore : public RunnerCore {
                       RunningState&) override {
     auto* in = dynamic_cast<const TritonRunnerInput*>(runner_input.get());
     MOECORE_CHECK_DTYPE(in != nullptr, "TritonRunnerCore.run: expected a TritonRunnerInput");
-    const ExpertWeights w = weights_of(as_triton_info(quant_info), config_);
-    const RoutedTokens tokens = check_routed_tokens(
-        "TritonRunnerCore.run", in->hidden_states,
-        StandardTopKOutput{in->topk_weights, in->topk_ids, {}}, w);
+    const TritonMoeQuantInfo& info = as_triton_info(quant_info);
+    if (info.is_quantized()) return run_quantized_core(*in, info);
+    const ExpertWeights w = validated_weights(info, config_, in->hidden_states);
+    const RoutedTokens tokens =
+        check_routed_tokens("TritonRunnerCore.run", in->hidden_states,
+                            StandardTopKOutput{in->topk_weights, in->topk_ids, {}}, w);
     auto out = std::make_shared<TritonRunnerOutput>();
     out->hidden_states = Tensor::zeros({tokens.num_tokens, tokens.top_k, w.hidden}, w.dtype);
     if (tokens.num_tokens == 0) return out;  // R9: no kernel for empty input
@@ -137,6 +482,23 @@ class TritonRunnerCore : public RunnerCore {
   }
 
  private:
+  RunnerOutputPtr run_quantized_core(const TritonRunnerInput& in, const TritonMoeQuantInfo& info) {
+    MOECORE_CHECK(in.hidden_states.defined(), kApi, ": hidden_states is required");
+    QuantPlan plan = make_quant_plan(info, config_, in.hidden_states.dtype());
+    const RoutedTokens tokens =
+        check_routed_tokens("TritonRunnerCore.run", in.hidden_states,
+                            StandardTopKOutput{in.topk_weights, in.topk_ids, {}}, plan.shape);
+    auto out = std::make_shared<TritonRunnerOutput>();
+    out->hidden_states =
+        Tensor::zeros({tokens.num_tokens, tokens.top_k, plan.shape.hidden}, plan.shape.dtype);
+    if (tokens.num_tokens == 0) return out;  // R9: no kernel for empty input
+    const RowScaleAt scale_at =
+        config_.apply_router_weight_on_input ? RowScaleAt::kGemm1 : RowScaleAt::kGemm2;
+    run_quantized(plan, tokens, in.sorted_token_ids.ptr<int32_t>(), in.expert_ids.ptr<int32_t>(),
+                  in.num_tokens_post_padded / kBlockM, scale_at, out->hidden_states.view());
+    return out;
+  }
+
   ActivationSpec spec_;
   GemmRowsFn gemm_;
 };
@@ -146,7 +508,8 @@ CombineInputPtr post_permute_triton_to_standard(const RunnerOutputPtr& runner_ou
                                                 const MoeRunnerConfig& config,
                                                 RunningState& state) {
   auto* out = dynamic_cast<const TritonRunnerOutput*>(runner_output.get());
-  MOECORE_CHECK_DTYPE(out != nullptr, "post-permute(triton→standard): expected a TritonRunnerOutput");
+  MOECORE_CHECK_DTYPE(out != nullptr,
+                      "post-permute(triton→standard): expected a TritonRunnerOutput");
   auto* stashed = std::any_cast<std::shared_ptr<TritonRunnerInput>>(&state.backend);
   MOECORE_ASSERT(stashed != nullptr,
                  "post-permute(triton→standard): the running state holds no triton pre-permute "
@@ -155,8 +518,8 @@ CombineInputPtr post_permute_triton_to_standard(const RunnerOutputPtr& runner_ou
   const Tensor& slots = out->hidden_states;
   if (config.no_combine) return std::make_shared<StandardCombineInput>(slots);
   const int64_t num_tokens = slots.size(0), hidden = slots.size(2);
-  Tensor result = config.inplace ? input->hidden_states
-                                 : Tensor::empty({num_tokens, hidden}, slots.dtype());
+  Tensor result =
+      config.inplace ? input->hidden_states : Tensor::empty({num_tokens, hidden}, slots.dtype());
   if (num_tokens == 0) return std::make_shared<StandardCombineInput>(result);
   RoutedTokens tokens;
   tokens.topk_ids = input->topk_ids.view();

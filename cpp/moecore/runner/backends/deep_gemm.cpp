@@ -1,0 +1,478 @@
+// Runner backend "deep_gemm" (sglang moe_runner/deep_gemm.py): DeepGEMM's masked grouped GEMMs
+// over the [E, m_max, H] layout. Registers: runner core DEEP_GEMM, pre-permute (standard,
+// deep_gemm) and post-permute (deep_gemm, standard); no fused func (sglang registers none). The
+// DeepEP permutes (deepep_ll / deepep_normal) belong to the DeepEP dispatchers, not here.
+//
+// Numeric contract (hidden_states bf16; every stored intermediate is bf16, as DeepGEMM's
+// f8f8bf16 / bf16 GEMMs write):
+//   pre-permute (moe_ep_deepgemm_preprocess): FP8 flow — each token quantized per 1×128 group,
+//     s = max(amax, 1e-10)/448 (UE8M0: s = 2^ceil(log2 max(s, 1e-10))), q = e4m3(x / s); rows
+//     gathered to expert e's slot rank (stable order). BF16 flow — rows copied.
+//   core, per expert e and row r < masked_m[e]:
+//     h1 = bf16(Σ_b (dot_b(q, W13) · s_x[r, b]) · s_w[n/128, b])   (fp32; BF16: bf16(x·W13ᵀ))
+//     g = h1[:I] (≤ L, and up ∈ [−L, L] with swiglu_limit), a = bf16(bf16(silu(g)) · up)
+//     FP8: a quantized per 1×128 group, s = max(amax, 1e-10)/448 (UE8M0: 2^ceil(log2 s)),
+//       q = e4m3(a / s) (_silu_and_mul_post_quant_kernel); y = bf16(Σ_b (dot_b · s_a) · s_w)
+//     BF16: y = bf16(a · W2ᵀ), fp32 accumulation.
+//   post-permute (post_reorder): out[t] = Σ_j bf16(bf16(w_j) · y[src2dst[t, j]]) over ids ≥ 0
+//     in slot order, accumulated in bf16 (rounded after every add), then bf16(out · rsf) if
+//     routed_scaling_factor is set. Routed weights and rsf apply there, exactly once.
+// DeepGEMM multiplies each 128-K block by s_a·s_w formed first; moecore multiplies dot·s_a then
+// ·s_w (quant_gemm.h) — one fp32 rounding apart. Requires silu, gated (R15), no gemm1_alpha, no
+// apply_router_weight_on_input, no no_combine; FP8 needs H and I multiples of 128 and 128×128
+// block scales. Per row, so batch invariant; deterministic across thread counts and ISA levels
+// (FP8: scalar canonical dots; BF16: the GEMM table rows agree bitwise).
+#include "moecore/runner/backends/deep_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "moecore/core/error.h"
+#include "moecore/core/thread_pool.h"
+#include "moecore/formats/e8m0.h"
+#include "moecore/formats/fp8.h"
+#include "moecore/formats/half.h"
+#include "moecore/kernels/convert.h"
+#include "moecore/runner/expert_compute.h"
+#include "moecore/runner/quant_compute.h"
+#include "moecore/runner/registry.h"
+
+namespace moecore {
+namespace {
+
+constexpr const char* kApi = "MoeRunner(deep_gemm)";
+constexpr int64_t kRowsPerItem = 16;  // rows of one expert per work item
+
+struct DeepGemmRunnerInput : RunnerInput {
+  Tensor hidden_states;        // [E, m_max, H] e4m3 or bf16
+  Tensor hidden_states_scale;  // f32 [E, m_max, H/128] or undefined
+  bool use_masked_gemm = true;
+  Tensor masked_m;  // i32 [E]
+  int64_t expected_m = 0;
+  Tensor m_indices;  // contiguous layout only (not produced by the standard permute)
+  MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
+};
+
+struct DeepGemmRunnerOutput : RunnerOutput {
+  Tensor hidden_states;  // bf16 [E, m_max, H]
+  MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
+};
+
+/// What the standard pre-permute leaves for the post-permute (sglang's running_state keys
+/// topk_ids, topk_weights and src2dst; the shape and dtype follow from them: bf16 [T, H]).
+struct DeepGemmState {
+  Tensor topk_ids, topk_weights, src2dst;
+};
+
+/// A validated DeepGemmMoeQuantInfo.
+struct DeepGemmWeights {
+  int64_t num_experts = 0, n1 = 0, hidden = 0, inter = 0;
+  bool fp8 = true;
+  bool ue8m0 = false;
+  WeightOperand w13, w2;
+};
+
+const DeepGemmMoeQuantInfo& as_deep_gemm_info(const QuantInfoPtr& q) {
+  auto* info = dynamic_cast<const DeepGemmMoeQuantInfo*>(q.get());
+  MOECORE_CHECK_DTYPE(info != nullptr, kApi, ": expected DeepGemmMoeQuantInfo, got ", q->name());
+  return *info;
+}
+
+/// R15 and the config rules of the DeepGEMM path (sglang asserts silu and gated in
+/// DeepGemmRunnerCore.__init__).
+ActivationSpec check_config(const MoeRunnerConfig& config) {
+  ActivationSpec spec = activation_spec(config, kApi);  // unknown names: ValueError (R15)
+  MOECORE_ASSERT(config.activation == "silu",
+                 "DeepGEMM MoE requires activation='silu' "
+                 "(DeepGemmRunnerCore asserts it), got activation='",
+                 config.activation, "'");
+  MOECORE_ASSERT(config.is_gated, "DeepGEMM MoE requires a gated activation (is_gated=True)");
+  MOECORE_CHECK(!spec.alpha, kApi,
+                ": gemm1_alpha (GPT-OSS clamped SwiGLU) is not supported; "
+                "DeepGEMM runs SwiGLU, optionally with swiglu_limit");
+  MOECORE_CHECK(!config.apply_router_weight_on_input, kApi,
+                ": apply_router_weight_on_input is not supported (the routed weights apply in "
+                "the post-permute)");
+  MOECORE_CHECK(!config.no_combine, kApi,
+                ": no_combine is not supported (post_reorder always "
+                "combines)");
+  spec.round_before_mul = true;  // bf16(silu(g)) · up, as the masked activation kernels
+  spec.round_dtype = DType::kBF16;
+  return spec;
+}
+
+DeepGemmWeights check_weights(const DeepGemmMoeQuantInfo& q) {
+  if (q.is_fp4_experts)
+    MOECORE_UNSUPPORTED(kApi,
+                        ": is_fp4_experts (DSv4 MXFP4 experts, recipe (1, 32)) is not "
+                        "built; supported: FP8 128×128 blocks and BF16");
+  const Tensor& w13 = q.w13_weight;
+  const Tensor& w2 = q.w2_weight;
+  MOECORE_CHECK(w13.defined() && w2.defined(), kApi, ": w13_weight and w2_weight are required");
+  const DType want = q.use_fp8 ? DType::kF8E4M3 : DType::kBF16;
+  MOECORE_CHECK_DTYPE(w13.dtype() == want && w2.dtype() == want, kApi,
+                      ": use_fp8=", q.use_fp8 ? "True" : "False", " expects ", dtype_name(want),
+                      " weights, got ", w13.describe(), " and ", w2.describe());
+  MOECORE_CHECK(
+      w13.ndim() == 3 && w2.ndim() == 3 && w13.view().is_contiguous() && w2.view().is_contiguous(),
+      kApi, ": expected contiguous w13_weight [E, 2I, H] and w2_weight [E, H, I], got ",
+      w13.describe(), " and ", w2.describe());
+  DeepGemmWeights w;
+  w.num_experts = w13.size(0);
+  w.n1 = w13.size(1);
+  w.hidden = w13.size(2);
+  w.inter = w2.size(2);
+  w.fp8 = q.use_fp8;
+  w.ue8m0 = q.scale_ue8m0;
+  MOECORE_CHECK(w2.size(0) == w.num_experts && w2.size(1) == w.hidden && w.n1 == 2 * w.inter &&
+                    w.num_experts > 0 && w.hidden > 0 && w.inter > 0,
+                kApi, ": expected w13_weight [E, 2I, H] and w2_weight [E, H, I] (gated), got ",
+                w13.describe(), " and ", w2.describe());
+  auto op = [&](const Tensor& t, int64_t n, int64_t k) {
+    WeightOperand o;
+    o.coding = q.use_fp8 ? WeightCoding::kFp8 : WeightCoding::kDense;
+    o.data = t.view();
+    o.num_experts = w.num_experts;
+    o.n = n;
+    o.k = k;
+    return o;
+  };
+  w.w13 = op(w13, w.n1, w.hidden);
+  w.w2 = op(w2, w.hidden, w.inter);
+  if (!q.use_fp8) {
+    MOECORE_CHECK(!q.w13_scale.defined() && !q.w2_scale.defined(), kApi,
+                  ": use_fp8=False (BF16 DeepGEMM) takes no w13_scale/w2_scale");
+    MOECORE_CHECK(!q.scale_ue8m0, kApi, ": scale_ue8m0 applies to the FP8 flow only");
+    return w;
+  }
+  MOECORE_CHECK(q.block_shape.empty() ||
+                    q.block_shape == std::vector<int64_t>({kDeepGemmBlock, kDeepGemmBlock}),
+                kApi, ": expected block_shape [128, 128] (DeepGEMM's FP8 recipe), got ",
+                shape_string(q.block_shape));
+  MOECORE_CHECK(w.hidden % kDeepGemmBlock == 0 && w.inter % kDeepGemmBlock == 0, kApi,
+                ": FP8 DeepGEMM quantizes activations per 1×128 group; expected H and I "
+                "multiples of 128, got H=",
+                w.hidden, ", I=", w.inter);
+  auto scale = [&](const char* name, const Tensor& s, int64_t n, int64_t k) {
+    const std::vector<int64_t> shape = {w.num_experts, (n + kDeepGemmBlock - 1) / kDeepGemmBlock,
+                                        (k + kDeepGemmBlock - 1) / kDeepGemmBlock};
+    MOECORE_CHECK(s.defined() && s.view().shape_vector() == shape, kApi, ": expected ", name, " ",
+                  shape_string(shape), " (128×128 block scales), got ", s.describe());
+    check_scale_values(kApi, name, s.view(), /*allow_zero=*/!q.scale_ue8m0);
+    if (q.scale_ue8m0) {
+      const Tensor c = s.view().is_contiguous() ? s : Tensor::copy_of(s.view());
+      for (int64_t i = 0; i < c.numel(); ++i) {
+        uint8_t code;
+        MOECORE_CHECK(e8m0_from_pow2(c.ptr<float>()[i], &code), kApi, ": scale_ue8m0=True needs ",
+                      name,
+                      " to hold powers of two (requantize the weights with UE8M0 scales), "
+                      "got ",
+                      c.ptr<float>()[i], " at flat index ", i);
+      }
+    }
+    return s.view();
+  };
+  w.w13.scale = scale("w13_scale", q.w13_scale, w.n1, w.hidden);
+  w.w2.scale = scale("w2_scale", q.w2_scale, w.hidden, w.inter);
+  w.w13.block_n = w.w2.block_n = kDeepGemmBlock;
+  w.w13.block_k = w.w2.block_k = kDeepGemmBlock;
+  return w;
+}
+
+const StandardDispatchOutput& as_standard(const DispatchOutputPtr& d) {
+  auto* out = dynamic_cast<const StandardDispatchOutput*>(d.get());
+  MOECORE_CHECK_DTYPE(out != nullptr, kApi, ": expected a StandardDispatchOutput");
+  return *out;
+}
+
+RunnerInputPtr pre_permute_standard_to_deep_gemm(const DispatchOutputPtr& dispatch,
+                                                 const QuantInfoPtr& quant_info,
+                                                 const MoeRunnerConfig& config,
+                                                 RunningState& state) {
+  check_config(config);
+  const StandardDispatchOutput& d = as_standard(dispatch);
+  const DeepGemmMoeQuantInfo& info = as_deep_gemm_info(quant_info);
+  const DeepGemmWeights w = check_weights(info);
+  MOECORE_CHECK(d.hidden_states.defined(), kApi, ": hidden_states is required");
+  MOECORE_CHECK(d.hidden_states.ndim() == 2 && d.hidden_states.size(1) == w.hidden, kApi,
+                ": expected hidden_states [T, ", w.hidden, "], got ", d.hidden_states.describe());
+  StandardTopKOutput topk = to_standard(d.topk_output);
+  ExpertWeights shape;
+  shape.num_experts = w.num_experts;
+  shape.hidden = w.hidden;
+  shape.dtype = DType::kBF16;
+  check_routed_tokens(kApi, d.hidden_states, topk, shape);  // x bf16, ids, weights
+  DeepGemmPreprocessed pre =
+      moe_ep_deepgemm_preprocess(topk.topk_ids, w.num_experts, d.hidden_states, w.fp8, w.ue8m0);
+  auto input = std::make_shared<DeepGemmRunnerInput>();
+  input->hidden_states = pre.hidden_states;
+  input->hidden_states_scale = pre.hidden_states_scale;
+  input->use_masked_gemm = true;
+  input->masked_m = pre.masked_m;
+  input->expected_m = pre.expected_m;
+  auto st = std::make_shared<DeepGemmState>();
+  st->topk_ids = topk.topk_ids;
+  st->topk_weights = topk.topk_weights;
+  st->src2dst = pre.src2dst;
+  state.backend = st;
+  return input;
+}
+
+class DeepGemmRunnerCore : public RunnerCore {
+ public:
+  explicit DeepGemmRunnerCore(const MoeRunnerConfig& config)
+      : RunnerCore(config),
+        spec_(check_config(config)),
+        gemm_(gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt) {}
+
+  MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
+
+  RunnerOutputPtr run(const RunnerInputPtr& runner_input, const QuantInfoPtr& quant_info,
+                      RunningState&) override {
+    auto* in = dynamic_cast<const DeepGemmRunnerInput*>(runner_input.get());
+    MOECORE_CHECK_DTYPE(in != nullptr, "DeepGemmRunnerCore.run: expected a DeepGemmRunnerInput");
+    MOECORE_CHECK(in->use_masked_gemm, kApi,
+                  ": the contiguous (m_indices) layout comes from the "
+                  "DeepEP normal dispatcher, which is not built; only the masked layout runs");
+    const DeepGemmWeights w = check_weights(as_deep_gemm_info(quant_info));
+    const Tensor& x = in->hidden_states;
+    MOECORE_CHECK(x.defined() && x.ndim() == 3 && x.size(0) == w.num_experts &&
+                      x.size(2) == w.hidden && x.view().is_contiguous(),
+                  kApi, ": expected contiguous hidden_states [", w.num_experts, ", m, ", w.hidden,
+                  "], got ", x.describe());
+    MOECORE_CHECK_DTYPE(x.dtype() == (w.fp8 ? DType::kF8E4M3 : DType::kBF16), kApi,
+                        ": hidden_states must be ", w.fp8 ? "fp8_e4m3 codes" : "bf16",
+                        " for use_fp8=", w.fp8 ? "True" : "False", ", got ", x.describe());
+    const int64_t E = w.num_experts, m_cap = x.size(1), H = w.hidden, I = w.inter;
+    const int64_t groups = H / kDeepGemmBlock;
+    if (w.fp8) {
+      const Tensor& s = in->hidden_states_scale;
+      MOECORE_CHECK(s.defined() && s.dtype() == DType::kF32 &&
+                        s.view().shape_vector() == std::vector<int64_t>({E, m_cap, groups}) &&
+                        s.view().is_contiguous(),
+                    kApi, ": expected contiguous f32 hidden_states_scale [", E, ", ", m_cap, ", ",
+                    groups, "], got ", s.describe());
+    }
+    const Tensor& mm = in->masked_m;
+    MOECORE_CHECK(mm.defined() && mm.dtype() == DType::kI32 && mm.ndim() == 1 && mm.size(0) == E,
+                  kApi, ": expected masked_m int32 [", E, "], got ", mm.describe());
+    std::vector<int64_t> masked(E);
+    for (int64_t e = 0; e < E; ++e) {
+      masked[e] = mm.ptr<int32_t>()[e * mm.view().strides[0]];
+      MOECORE_CHECK(masked[e] >= 0 && masked[e] <= m_cap, kApi, ": masked_m[", e,
+                    "] must be in [0, ", m_cap, "], got ", masked[e]);
+    }
+    auto out = std::make_shared<DeepGemmRunnerOutput>();
+    out->hidden_states = Tensor::zeros({E, m_cap, H}, DType::kBF16);
+    // Work items: (expert, 16-row chunk) in expert order; static schedule.
+    std::vector<std::pair<int64_t, int64_t>> items;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = 0; r < masked[e]; r += kRowsPerItem) items.push_back({e, r});
+    const float* table = fp8_e4m3_table();
+    uint16_t* y_out = out->hidden_states.ptr<uint16_t>();
+    parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
+      std::vector<float> a(kRowsPerItem * H), sa(kRowsPerItem * groups), h1(kRowsPerItem * 2 * I),
+          act(kRowsPerItem * I), s2(kRowsPerItem * (I / kDeepGemmBlock)), y(kRowsPerItem * H);
+      const ActivationQuantizer quant2 =
+          make_act_quantizer(ActQuant::kFp8SiluPostGroup, 0.0f, kDeepGemmBlock, w.ue8m0);
+      for (int64_t it = begin; it < end; ++it) {
+        const auto [e, r0] = items[it];
+        const int64_t m = std::min(kRowsPerItem, masked[e] - r0);
+        ActivationCodes c1;
+        c1.codes = a.data();
+        c1.ld = H;
+        if (w.fp8) {
+          const uint8_t* q = x.ptr<uint8_t>() + (e * m_cap + r0) * H;
+          for (int64_t i = 0; i < m * H; ++i) a[i] = table[q[i]];
+          const float* s = in->hidden_states_scale.ptr<float>() + (e * m_cap + r0) * groups;
+          std::copy(s, s + m * groups, sa.begin());
+          c1.scales = sa.data();
+          c1.scales_per_row = groups;
+        } else {
+          load_f32(x.ptr<uint16_t>() + (e * m_cap + r0) * H, DType::kBF16, m * H, a.data());
+        }
+        scaled_gemm(c1, m, w.w13, e, 0, 2 * I, gemm_, h1.data(), 2 * I);
+        round_in_place(h1.data(), m * 2 * I, DType::kBF16);
+        apply_activation(spec_, h1.data(), 2 * I, act.data(), I, m, I);
+        ActivationCodes c2;
+        c2.codes = act.data();
+        c2.ld = I;
+        if (w.fp8) {
+          quant2(act.data(), m, I, I, s2.data());
+          c2.scales = s2.data();
+          c2.scales_per_row = I / kDeepGemmBlock;
+        }
+        scaled_gemm(c2, m, w.w2, e, 0, H, gemm_, y.data(), H);
+        store_f32(y.data(), m * H, DType::kBF16, y_out + (e * m_cap + r0) * H);
+      }
+    });
+    return out;
+  }
+
+ private:
+  ActivationSpec spec_;
+  GemmRowsFn gemm_;
+};
+
+CombineInputPtr post_permute_deep_gemm_to_standard(const RunnerOutputPtr& runner_output,
+                                                   const QuantInfoPtr&,
+                                                   const MoeRunnerConfig& config,
+                                                   RunningState& state) {
+  auto* out = dynamic_cast<const DeepGemmRunnerOutput*>(runner_output.get());
+  MOECORE_CHECK_DTYPE(out != nullptr,
+                      "post-permute(deep_gemm→standard): expected a DeepGemmRunnerOutput");
+  auto* stashed = std::any_cast<std::shared_ptr<DeepGemmState>>(&state.backend);
+  MOECORE_ASSERT(stashed != nullptr,
+                 "post-permute(deep_gemm→standard): the running state holds no deep_gemm "
+                 "pre-permute result (run the (standard, deep_gemm) pre-permute first)");
+  const DeepGemmState& st = **stashed;
+  // The output has the hidden_states dtype, which the pre-permute requires to be bf16.
+  return std::make_shared<StandardCombineInput>(deepgemm_post_reorder(
+      out->hidden_states, st.src2dst, st.topk_ids, st.topk_weights, config.routed_scaling_factor));
+}
+
+std::unique_ptr<RunnerCore> make_deep_gemm_core(const MoeRunnerConfig& config) {
+  return std::make_unique<DeepGemmRunnerCore>(config);
+}
+
+}  // namespace
+
+DeepGemmPreprocessed moe_ep_deepgemm_preprocess(const Tensor& topk_ids, int64_t num_local_experts,
+                                                const Tensor& hidden_states, bool use_fp8,
+                                                bool scale_ue8m0) {
+  const char* api = "moe_ep_deepgemm_preprocess";
+  MOECORE_CHECK(num_local_experts > 0, api, ": expected num_local_experts > 0, got ",
+                num_local_experts);
+  MOECORE_CHECK(hidden_states.defined(), api, ": hidden_states is required");
+  MOECORE_CHECK_DTYPE(hidden_states.dtype() == DType::kBF16, api,
+                      ": DeepGEMM takes bf16 hidden_states, got ", hidden_states.describe());
+  MOECORE_CHECK(hidden_states.ndim() == 2 && hidden_states.view().rows_contiguous(), api,
+                ": expected hidden_states [T, H] with contiguous rows, got ",
+                hidden_states.describe());
+  const int64_t T = hidden_states.size(0), H = hidden_states.size(1);
+  MOECORE_CHECK(H > 0, api, ": expected H > 0");
+  if (use_fp8)
+    MOECORE_CHECK(H % kDeepGemmBlock == 0, api,
+                  ": FP8 quantizes per 1×128 group; expected H a "
+                  "multiple of 128, got ",
+                  H);
+  MOECORE_CHECK(!scale_ue8m0 || use_fp8, api, ": scale_ue8m0 applies to the FP8 flow only");
+  ExpertWeights shape;
+  shape.num_experts = num_local_experts;
+  shape.hidden = H;
+  shape.dtype = DType::kBF16;
+  Tensor weights = Tensor::zeros(
+      topk_ids.defined() ? topk_ids.view().shape_vector() : std::vector<int64_t>{T, 1},
+      DType::kF32);
+  const RoutedTokens tokens =
+      check_routed_tokens(api, hidden_states, StandardTopKOutput{weights, topk_ids, {}}, shape);
+  const int64_t k = tokens.top_k, E = num_local_experts;
+  DeepGemmPreprocessed out;
+  out.m_max = (T / 256 + 1) * 256;
+  out.expected_m = T * k == 0 ? 0 : (T * k - 1) / E + 1;
+  out.masked_m = Tensor::zeros({E}, DType::kI32);
+  out.src2dst = Tensor::empty({T * k}, DType::kI32);
+  int32_t* masked = out.masked_m.ptr<int32_t>();
+  int32_t* src2dst = out.src2dst.ptr<int32_t>();
+  // Stable sort by expert = each (t, j) gets its rank among earlier slots of the same expert.
+  for (int64_t s = 0; s < T * k; ++s) {
+    const int32_t e = tokens.id(s / k, s % k);
+    if (e < 0) {
+      src2dst[s] = -1;
+      continue;
+    }
+    MOECORE_CHECK(masked[e] < out.m_max, api, ": expert ", e,
+                  " receives more than m_max=", out.m_max,
+                  " rows (duplicate expert ids within tokens)");
+    src2dst[s] = static_cast<int32_t>(e * out.m_max + masked[e]++);
+  }
+  out.hidden_states = Tensor::zeros({E, out.m_max, H}, use_fp8 ? DType::kF8E4M3 : DType::kBF16);
+  const int64_t groups = H / kDeepGemmBlock;
+  if (use_fp8) out.hidden_states_scale = Tensor::zeros({E, out.m_max, groups}, DType::kF32);
+  parallel_for(T, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(H)), s(static_cast<size_t>(groups));
+    std::vector<uint8_t> q(static_cast<size_t>(H));
+    for (int64_t t = begin; t < end; ++t) {
+      const void* src = hidden_states.view().at({t, 0});
+      if (use_fp8) {
+        load_f32(src, DType::kBF16, H, row.data());
+        for (int64_t g = 0; g < groups; ++g)
+          s[g] = fp8_quant_group(row.data() + g * kDeepGemmBlock, kDeepGemmBlock, scale_ue8m0,
+                                 ActQuant::kFp8PerTokenGroup, q.data() + g * kDeepGemmBlock);
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t dst = src2dst[t * k + j];
+        if (dst < 0) continue;
+        if (use_fp8) {
+          std::copy(q.begin(), q.end(), out.hidden_states.ptr<uint8_t>() + dst * H);
+          std::copy(s.begin(), s.end(), out.hidden_states_scale.ptr<float>() + dst * groups);
+        } else {
+          std::memcpy(out.hidden_states.ptr<uint16_t>() + dst * H, src, static_cast<size_t>(H) * 2);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+Tensor deepgemm_post_reorder(const Tensor& down_output, const Tensor& src2dst,
+                             const Tensor& topk_ids, const Tensor& topk_weights,
+                             std::optional<float> routed_scaling_factor) {
+  const char* api = "post_reorder";
+  MOECORE_CHECK(down_output.defined() && down_output.dtype() == DType::kBF16 &&
+                    down_output.ndim() == 3 && down_output.view().is_contiguous(),
+                api, ": expected contiguous bf16 down_output [E, m_max, H], got ",
+                down_output.describe());
+  const int64_t rows = down_output.size(0) * down_output.size(1), H = down_output.size(2);
+  MOECORE_CHECK(topk_ids.defined() && topk_ids.ndim() == 2, api, ": expected topk_ids [T, k]");
+  const int64_t T = topk_ids.size(0), k = topk_ids.size(1);
+  MOECORE_CHECK(src2dst.defined() && src2dst.dtype() == DType::kI32 && src2dst.numel() == T * k &&
+                    src2dst.view().is_contiguous(),
+                api, ": expected contiguous src2dst int32 [", T * k, "], got ", src2dst.describe());
+  if (routed_scaling_factor)
+    MOECORE_CHECK(std::isfinite(*routed_scaling_factor), api,
+                  ": expected a finite routed_scaling_factor");
+  ExpertWeights shape;
+  shape.num_experts = down_output.size(0);
+  shape.hidden = H;
+  shape.dtype = DType::kBF16;
+  Tensor dummy_x = Tensor(make_view(nullptr, DType::kBF16, {T, H}), nullptr);
+  const RoutedTokens tokens =
+      check_routed_tokens(api, dummy_x, StandardTopKOutput{topk_weights, topk_ids, {}}, shape);
+  const int32_t* dst = src2dst.ptr<int32_t>();
+  for (int64_t s = 0; s < T * k; ++s)
+    if (tokens.id(s / k, s % k) >= 0)
+      MOECORE_CHECK_INDEX(dst[s] >= 0 && dst[s] < rows, api, ": src2dst[", s, "] = ", dst[s],
+                          " is outside down_output's ", rows, " rows");
+  Tensor out = Tensor::empty({T, H}, DType::kBF16);
+  const uint16_t* down = down_output.ptr<uint16_t>();
+  uint16_t* o = out.ptr<uint16_t>();
+  parallel_for(T, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(static_cast<size_t>(H));
+    for (int64_t t = begin; t < end; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        if (tokens.id(t, j) < 0) continue;
+        const float w = round_to(DType::kBF16, tokens.weight(t, j));
+        const uint16_t* row = down + static_cast<int64_t>(dst[t * k + j]) * H;
+        for (int64_t h = 0; h < H; ++h) {
+          const float p = round_to(DType::kBF16, bf16_to_f32(row[h]) * w);
+          acc[h] = round_to(DType::kBF16, acc[h] + p);
+        }
+      }
+      if (routed_scaling_factor)
+        for (float& v : acc) v = round_to(DType::kBF16, v * *routed_scaling_factor);
+      store_f32(acc.data(), H, DType::kBF16, o + t * H);
+    }
+  });
+  return out;
+}
+
+MOECORE_REGISTER_RUNNER_CORE(DEEP_GEMM, make_deep_gemm_core);
+MOECORE_REGISTER_PRE_PERMUTE(STANDARD, DEEP_GEMM, pre_permute_standard_to_deep_gemm);
+MOECORE_REGISTER_POST_PERMUTE(DEEP_GEMM, STANDARD, post_permute_deep_gemm_to_standard);
+
+}  // namespace moecore

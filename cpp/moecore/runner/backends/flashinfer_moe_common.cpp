@@ -1,0 +1,331 @@
+// Shared pieces of the FlashInfer runner backends (see flashinfer_moe_common.h). The MLP is the
+// scalar reference of both contracts: scaled_gemm's canonical fp32 dot, one rounding to the
+// activation dtype at each of the three points the header names.
+#include "moecore/runner/backends/flashinfer_moe_common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "moecore/core/error.h"
+#include "moecore/core/thread_pool.h"
+#include "moecore/formats/fp4.h"
+#include "moecore/formats/fp8.h"
+#include "moecore/formats/layout.h"
+#include "moecore/formats/quantize.h"
+#include "moecore/kernels/convert.h"
+
+namespace moecore::flashinfer_detail {
+namespace {
+
+constexpr int64_t kBlockM = 16;  // rows per expert block (moe_align_block_size's BLOCK_SIZE_M)
+
+// Scaled GEMM of one expert on m rows (stride k) into out [m, N], quantizing a copy first when
+// the contract says so.
+void gemm_rows(const WeightOperand& w, const ActivationQuantizer& quantize, GemmRowsFn gemm,
+               int64_t expert, const float* in, int64_t m, std::vector<float>& scratch,
+               std::vector<float>& scales, float* out) {
+  ActivationCodes codes;
+  codes.codes = in;
+  codes.ld = w.k;
+  if (quantize) {
+    scratch.assign(in, in + m * w.k);
+    scales.assign(static_cast<size_t>(m), 1.0f);
+    quantize(scratch.data(), m, w.k, w.k, scales.data());
+    codes.codes = scratch.data();
+    codes.scales = scales.data();
+    codes.scales_per_row = 1;
+  }
+  scaled_gemm(codes, m, w, expert, 0, w.n, gemm, out, w.n);
+}
+
+// Position of canonical column c (gate half first: c < inter is gate[c], else up[c − inter]) in
+// GEMM1's output row for the given w13 order.
+int64_t source_column(W13Order order, int64_t c, int64_t inter, int64_t group) {
+  const bool gate = c < inter;
+  const int64_t i = gate ? c : c - inter;
+  switch (order) {
+    case W13Order::kGateUp:
+      return c;
+    case W13Order::kUpGate:
+      return gate ? inter + i : i;
+    case W13Order::kUpGateInterleaved:
+      // Chunk g of each half sits at 2g (up) / 2g + 1 (gate) in units of `group` rows.
+      return (2 * (i / group) + (gate ? 1 : 0)) * group + i % group;
+  }
+  return c;
+}
+
+}  // namespace
+
+void quant_expert_mlp(const QuantExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
+                      float* y) {
+  thread_local std::vector<float> h1, canon, h2, scratch, scales;
+  const int64_t n1 = mlp.w13.n;
+  h1.resize(static_cast<size_t>(m * n1));
+  h2.resize(static_cast<size_t>(m * mlp.inter));
+
+  gemm_rows(mlp.w13, mlp.quantize1, mlp.gemm, expert, a, m, scratch, scales, h1.data());
+  round_in_place(h1.data(), m * n1, mlp.act_dtype);
+
+  const float* act_in = h1.data();
+  if (mlp.activation.gated && mlp.order != W13Order::kGateUp) {
+    canon.resize(static_cast<size_t>(m * n1));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n1; ++c)
+        canon[r * n1 + c] =
+            h1[r * n1 + source_column(mlp.order, c, mlp.inter, mlp.interleave_group)];
+    act_in = canon.data();
+  }
+  ActivationSpec spec = mlp.activation;
+  spec.round_dtype = mlp.act_dtype;
+  apply_activation(spec, act_in, n1, h2.data(), mlp.inter, m, mlp.inter);
+
+  gemm_rows(mlp.w2, mlp.quantize2, mlp.gemm, expert, h2.data(), m, scratch, scales, y);
+  round_in_place(y, m * mlp.hidden, mlp.act_dtype);
+}
+
+Tensor run_routed_experts(const QuantExpertMlp& mlp, const RoutedTokens& local,
+                          int64_t num_local_experts, const RowLoader& load_row) {
+  const int64_t hidden = mlp.hidden;
+  Tensor slots = Tensor::zeros({local.num_tokens, local.top_k, hidden}, mlp.act_dtype);
+  const BlockLayout layout = align_block_size(local, num_local_experts, kBlockM);
+  const int32_t* sorted = layout.sorted_token_ids.ptr<int32_t>();
+  const int32_t* experts = layout.expert_ids.ptr<int32_t>();
+  const int64_t num_blocks = layout.num_tokens_post_padded / kBlockM;
+  const int64_t sentinel = local.num_tokens * local.top_k;
+  const TensorView out = slots.view();
+  parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> a(kBlockM * hidden), y(kBlockM * hidden);
+    std::vector<int64_t> slot(kBlockM);
+    for (int64_t b = begin; b < end; ++b) {
+      int64_t m = 0;
+      for (int64_t r = 0; r < kBlockM; ++r) {
+        const int64_t s = sorted[b * kBlockM + r];
+        if (s >= sentinel) continue;
+        slot[m] = s;
+        load_row(s / local.top_k, a.data() + m * hidden);
+        ++m;
+      }
+      if (m == 0) continue;
+      quant_expert_mlp(mlp, experts[b], a.data(), m, y.data());
+      for (int64_t r = 0; r < m; ++r)
+        store_f32(y.data() + r * hidden, hidden, mlp.act_dtype,
+                  out.at({slot[r] / local.top_k, slot[r] % local.top_k, 0}));
+    }
+  });
+  return slots;
+}
+
+void combine_weighted(const RoutedTokens& local, const Tensor& slots, const Tensor& out,
+                      const float* rsf) {
+  combine_topk(local, slots.view(), /*weighted=*/true, 1.0f, out.view());
+  if (rsf == nullptr) return;
+  const float factor = *rsf;
+  const int64_t hidden = out.size(1);
+  const DType dtype = out.dtype();
+  parallel_for(out.size(0), [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(hidden));
+    for (int64_t t = begin; t < end; ++t) {
+      void* p = out.view().at({t, 0});
+      load_f32(p, dtype, hidden, row.data());
+      for (float& v : row) v *= factor;
+      store_f32(row.data(), hidden, dtype, p);
+    }
+  });
+}
+
+Tensor localize_expert_ids(const char* api, const Tensor& ids, int64_t offset, int64_t num_local,
+                           int64_t id_limit, bool allow_invalid_id) {
+  MOECORE_CHECK(ids.defined() && ids.ndim() == 2, api, ": expected topk_ids [T, k], got ",
+                ids.describe());
+  MOECORE_CHECK_DTYPE(ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64, api,
+                      ": expected topk_ids int32 or int64, got ", ids.describe());
+  const TensorView v = ids.view();
+  const int64_t rows = v.shape[0], cols = v.shape[1];
+  Tensor local = Tensor::empty({rows, cols}, DType::kI32);
+  int32_t* dst = local.ptr<int32_t>();
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t off = t * v.strides[0] + j * v.strides[1];
+      const int64_t e = v.dtype == DType::kI32 ? v.ptr<int32_t>()[off] : v.ptr<int64_t>()[off];
+      const bool ok = (e >= -1 && e < id_limit) || (allow_invalid_id && e == id_limit);
+      MOECORE_CHECK_INDEX(ok, api, ": expected topk_ids in [-1, ", id_limit, ")",
+                          allow_invalid_id ? str_cat(" or the invalid-token id ", id_limit) : "",
+                          " (global expert ids), got ", e, " at [", t, ", ", j, "]");
+      dst[t * cols + j] =
+          e >= offset && e < offset + num_local ? static_cast<int32_t>(e - offset) : -1;
+    }
+  return local;
+}
+
+RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tensor& topk_weights) {
+  MOECORE_CHECK_DTYPE(topk_weights.defined() && topk_weights.dtype() == DType::kF32, api,
+                      ": expected topk_weights float32, got ", topk_weights.describe());
+  MOECORE_CHECK(topk_weights.view().shape_vector() == local_ids.view().shape_vector(), api,
+                ": expected topk_weights with the shape of topk_ids ",
+                shape_string(local_ids.view().shape_vector()), ", got ", topk_weights.describe());
+  RoutedTokens r;
+  r.topk_ids = local_ids.view();
+  r.topk_weights = topk_weights.view();
+  r.num_tokens = local_ids.size(0);
+  r.top_k = local_ids.size(1);
+  MOECORE_CHECK(r.top_k >= 1, api, ": expected top_k >= 1, got ", r.top_k);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void decode_nvfp4_codes(const uint8_t* packed, const uint8_t* block_scales, int64_t k, float* out) {
+  for (int64_t b = 0; b < k / kNvfp4BlockSize; ++b) {
+    const float s = fp8_e4m3_to_f32(block_scales[b]);
+    for (int64_t i = b * kNvfp4BlockSize; i < (b + 1) * kNvfp4BlockSize; i += 2) {
+      out[i] = e2m1_to_f32(e2m1x2_lo(packed[i / 2])) * s;
+      out[i + 1] = e2m1_to_f32(e2m1x2_hi(packed[i / 2])) * s;
+    }
+  }
+}
+
+ActivationQuantizer nvfp4_quantizer(float global_scale) {
+  return [global_scale](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
+    std::vector<uint8_t> q(static_cast<size_t>(k / 2)), sf(static_cast<size_t>(k / 16));
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = rows + r * ld;
+      nvfp4_quantize_row(row, k, global_scale, q.data(), sf.data());
+      decode_nvfp4_codes(q.data(), sf.data(), k, row);
+      scales[r] = 1.0f;
+    }
+  };
+}
+
+ActivationQuantizer fp8_multiply_quantizer(float multiplier) {
+  return [multiplier](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
+    const float* table = fp8_e4m3_table();
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = rows + r * ld;
+      for (int64_t i = 0; i < k; ++i) {
+        const float v = std::min(std::max(row[i] * multiplier, -kFp8E4M3Max), kFp8E4M3Max);
+        row[i] = table[f32_to_fp8_e4m3(v)];
+      }
+      scales[r] = 1.0f;
+    }
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+
+float scalar_of(const char* api, const char* what, const Tensor& t) {
+  MOECORE_CHECK(t.defined(), api, ": expected ", what, " (a float32 scalar), got None");
+  MOECORE_CHECK_DTYPE(t.dtype() == DType::kF32, api, ": expected ", what, " float32, got ",
+                      t.describe());
+  MOECORE_CHECK(t.numel() == 1, api, ": expected ", what, " to hold one value, got ", t.describe());
+  return *t.ptr<float>();  // numel 1: the data pointer addresses the only element
+}
+
+void check_global_scale(const char* api, const char* what, float v) {
+  MOECORE_CHECK(std::isfinite(v) && v > 0.0f, api, ": expected ", what, " finite and > 0, got ", v);
+}
+
+void check_per_expert(const char* api, const char* what, const Tensor& t, int64_t num_experts) {
+  MOECORE_CHECK(t.defined(), api, ": expected ", what, " float32 [", num_experts, "], got None");
+  MOECORE_CHECK_DTYPE(t.dtype() == DType::kF32, api, ": expected ", what, " float32, got ",
+                      t.describe());
+  MOECORE_CHECK(t.ndim() == 1 && t.size(0) == num_experts, api, ": expected ", what, " [",
+                num_experts, "], got ", t.describe());
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const float v = t.ptr<float>()[e * t.view().strides[0]];
+    MOECORE_CHECK(std::isfinite(v) && v >= 0.0f, api, ": expected ", what, " finite and >= 0, got ",
+                  v, " for expert ", e);
+  }
+}
+
+void check_packed_fp4(const char* api, const char* what, const Tensor& t, int64_t e, int64_t rows,
+                      int64_t cols) {
+  MOECORE_CHECK(t.defined(), api, ": expected ", what, " uint8 [", e, ", ", rows, ", ", cols,
+                "], got None");
+  MOECORE_CHECK_DTYPE(t.dtype() == DType::kU8 || t.dtype() == DType::kFp4E2M1x2, api, ": expected ",
+                      what, " uint8 (packed e2m1, two values per byte), got ", t.describe());
+  MOECORE_CHECK(t.ndim() == 3 && t.size(0) == e && t.size(1) == rows && t.size(2) == cols, api,
+                ": expected ", what, " [", e, ", ", rows, ", ", cols, "], got ", t.describe());
+  MOECORE_CHECK(t.view().is_contiguous(), api, ": expected ", what, " contiguous");
+}
+
+void check_block_scale_bytes(const char* api, const char* what, const TensorView& linear) {
+  const uint8_t* p = static_cast<const uint8_t*>(linear.data);
+  const int64_t n = linear.numel();
+  for (int64_t i = 0; i < n; ++i)
+    MOECORE_CHECK(p[i] < 0x7f, api, ": expected ", what,
+                  " finite and >= 0 (e4m3 codes 0x00-0x7e), "
+                  "got ",
+                  fp8_e4m3_to_f32(p[i]), " (code 0x", std::hex, int(p[i]), std::dec,
+                  ") at flat index ", i);
+}
+
+namespace {
+
+// e4m3 / u8 (or i32 holding four scale bytes) [E, a, b] → a byte view [E, a, b'] with b' = b
+// (or 4b for i32).
+TensorView scale_bytes(const char* api, const char* what, const Tensor& t) {
+  MOECORE_CHECK(t.defined(), api, ": expected ", what, ", got None");
+  const DType d = t.dtype();
+  MOECORE_CHECK_DTYPE(d == DType::kF8E4M3 || d == DType::kU8 || d == DType::kI32, api,
+                      ": expected ", what, " float8_e4m3fn (or its uint8 / int32 view), got ",
+                      t.describe());
+  TensorView v = t.view();
+  if (d == DType::kI32) {
+    MOECORE_CHECK(v.ndim >= 1 && v.strides[v.ndim - 1] == 1, api, ": expected ", what,
+                  " as int32 to have a contiguous last dim, got ", t.describe());
+    v.shape[v.ndim - 1] *= 4;
+    for (int i = 0; i < v.ndim - 1; ++i) v.strides[i] *= 4;
+  }
+  v.dtype = DType::kF8E4M3;
+  return v;
+}
+
+}  // namespace
+
+Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swizzled, int64_t e,
+                            int64_t rows, int64_t kb) {
+  const TensorView v = scale_bytes(api, what, swizzled);
+  const int64_t mp = (rows + 127) / 128 * 128, kbp = (kb + 3) / 4 * 4;
+  MOECORE_CHECK(v.ndim == 3 && v.shape[0] == e && v.shape[1] == mp && v.shape[2] == kbp, api,
+                ": expected ", what, " 128x4-swizzled [", e, ", ", mp, ", ", kbp, "] (rows ", rows,
+                ", K/16 = ", kb, "), got ", swizzled.describe());
+  Tensor linear = unswizzle_nvfp4_scales(v, rows, kb);
+  check_block_scale_bytes(api, what, linear.view());
+  return linear;
+}
+
+Tensor linear_from_mma(const char* api, const char* what, const Tensor& mma, int64_t e,
+                       int64_t rows, int64_t kb) {
+  const TensorView v = scale_bytes(api, what, mma);
+  MOECORE_CHECK(mma.dtype() != DType::kI32, api, ": expected ", what,
+                " as float8_e4m3fn or uint8 bytes, got int32");
+  const int64_t mt = (rows + 127) / 128, kt = (kb + 3) / 4;
+  const std::vector<int64_t> want{32, 4, mt, 4, kt, e};
+  MOECORE_CHECK(v.shape_vector() == want, api, ": expected ", what, " in the MMA layout ",
+                shape_string(want), " (32, 4, m_tiles, 4, k_tiles, E) for rows ", rows,
+                ", K/16 = ", kb, ", got ", mma.describe());
+  Tensor linear = Tensor::empty({e, rows, kb}, DType::kF8E4M3);
+  uint8_t* dst = linear.ptr<uint8_t>();
+  const uint8_t* src = static_cast<const uint8_t*>(v.data);
+  for (int64_t b = 0; b < e; ++b)
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t k = 0; k < kb; ++k) {
+        const int64_t j = m % 32, i = (m % 128) / 32, t = m / 128, c = k % 4, q = k / 4;
+        const int64_t off = j * v.strides[0] + i * v.strides[1] + t * v.strides[2] +
+                            c * v.strides[3] + q * v.strides[4] + b * v.strides[5];
+        dst[(b * rows + m) * kb + k] = src[off];
+      }
+  check_block_scale_bytes(api, what, linear.view());
+  return linear;
+}
+
+std::string python_shape(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace moecore::flashinfer_detail

@@ -1,0 +1,108 @@
+// Shared pieces of the FlashInfer runner backends (flashinfer_cutlass, flashinfer_cutedsl): the
+// quantized expert MLP with its three w13 row orders, activation quantizers (NVFP4, FP8 static),
+// global → local expert ids, the (token, slot) loop and argument checks. Not a public API: only
+// the backend files include it. Nothing here may read process-wide state or depend on the thread
+// count (static schedule, per-row math).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "moecore/core/tensor.h"
+#include "moecore/kernels/activation.h"
+#include "moecore/kernels/quant_gemm.h"
+#include "moecore/runner/expert_compute.h"
+
+namespace moecore::flashinfer_detail {
+
+/// Row order of w13 (and so of GEMM1's output columns).
+enum class W13Order {
+  kGateUp,             // [Gate; Up] halves (or one non-gated block)
+  kUpGate,             // [Up; Gate] halves (load_up_proj_weight_first)
+  kUpGateInterleaved,  // [Up; Gate] split into `interleave_group` chunks: [U0, G0, U1, G1, …]
+};
+
+/// One expert MLP of a quantized FlashInfer contract:
+///   h1 = round_act(GEMM1(q1(a)))          (fp32 accumulation, alpha/scales applied in fp32)
+///   h2 = round_act(act(gate(h1), up(h1)))  (fp32 activation on the canonical halves)
+///   y  = round_act(GEMM2(q2(h2)))
+/// q1/q2 empty means the GEMM input is used as it is (already codes, or dense).
+struct QuantExpertMlp {
+  WeightOperand w13, w2;
+  ActivationQuantizer quantize1, quantize2;
+  W13Order order = W13Order::kGateUp;
+  int64_t interleave_group = 64;
+  ActivationSpec activation;
+  DType act_dtype = DType::kBF16;
+  GemmRowsFn gemm = nullptr;  // dense kernel row (bf16 contract); unused by scaled paths
+  int64_t hidden = 0, inter = 0;
+};
+
+/// y [m, H] (fp32 holding act-dtype values) for m rows a [m, H] (fp32) of local expert `expert`.
+/// Per row and independent of m (batch invariance).
+void quant_expert_mlp(const QuantExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
+                      float* y);
+
+/// Loads token t's GEMM1 input row (H fp32 values) into dst.
+using RowLoader = std::function<void(int64_t t, float* dst)>;
+
+/// Runs every (token, slot) with a local id ≥ 0 through its expert and returns the slot outputs
+/// [T, k, H] in mlp.act_dtype (zeros for slots with id −1). Rows are grouped by expert in
+/// blocks (moe_align_block_size order); the schedule is static.
+Tensor run_routed_experts(const QuantExpertMlp& mlp, const RoutedTokens& local,
+                          int64_t num_local_experts, const RowLoader& load_row);
+
+/// Σ_j w[t, j] · slots[t, j] over valid slots in fp32, slot order, rounded once to out's dtype;
+/// then, when rsf is set, out = round(out · rsf) (sglang multiplies the finished output).
+void combine_weighted(const RoutedTokens& local, const Tensor& slots, const Tensor& out,
+                      const float* rsf);
+
+/// Validated global ids → local ids i32 [T, k]: id − offset when in [offset, offset + local),
+/// −1 otherwise (other ranks' experts, −1, and `invalid_id` when allow_invalid_id). Ids outside
+/// [−1, id_limit) (id_limit itself allowed only with allow_invalid_id) → OutOfRange.
+Tensor localize_expert_ids(const char* api, const Tensor& topk_ids, int64_t offset,
+                           int64_t num_local, int64_t id_limit, bool allow_invalid_id);
+
+/// RoutedTokens over already-validated local ids and the top-k weights (x is not used).
+RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tensor& topk_weights);
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantizers (ActivationQuantizer callbacks; one scale per row, always 1.0).
+
+/// NVFP4 with a fp32 global scale gs: per 16-block, formats' nvfp4_quantize_row (spec §7.2);
+/// the row is replaced by the exact values e2m1 · s_e4m3 (the 1/gs factor lives in alpha).
+ActivationQuantizer nvfp4_quantizer(float global_scale);
+/// FP8 E4M3 per tensor: q = sat_e4m3(x · multiplier), the row replaced by the decoded codes.
+ActivationQuantizer fp8_multiply_quantizer(float multiplier);
+
+/// Decodes one packed NVFP4 row (k values) with its e4m3 block scales into e2m1 · s8 (exact).
+void decode_nvfp4_codes(const uint8_t* packed, const uint8_t* block_scales, int64_t k, float* out);
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks ("API: expected …, got …"); all throw before anything is written.
+
+/// The one value of a f32 tensor with numel 1 (any shape).
+float scalar_of(const char* api, const char* what, const Tensor& t);
+/// finite and > 0 (global quant scales).
+void check_global_scale(const char* api, const char* what, float v);
+/// f32 [E] (1-d, numel E), every value finite and ≥ 0 (dequant factors, alphas).
+void check_per_expert(const char* api, const char* what, const Tensor& t, int64_t num_experts);
+/// Packed e2m1 bytes (kU8 or kFp4E2M1x2), contiguous [E, rows, cols].
+void check_packed_fp4(const char* api, const char* what, const Tensor& t, int64_t e, int64_t rows,
+                      int64_t cols);
+/// Every e4m3 block-scale byte finite and ≥ 0 (codes 0x00–0x7e).
+void check_block_scale_bytes(const char* api, const char* what, const TensorView& linear);
+/// 128×4-swizzled block scales [E, ⌈rows/128⌉·128, ⌈kb/4⌉·4] (kF8E4M3 or kU8; kI32 with the
+/// last dim /4, as sglang's .view(torch.int32)) → validated linear kF8E4M3 [E, rows, kb].
+Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swizzled, int64_t e,
+                            int64_t rows, int64_t kb);
+/// MMA view (6-d logical (32, 4, m_tiles, 4, k_tiles, E), any strides) → validated linear
+/// kF8E4M3 [E, rows, kb].
+Tensor linear_from_mma(const char* api, const char* what, const Tensor& mma, int64_t e,
+                       int64_t rows, int64_t kb);
+
+/// "(8,)" / "(8, 2)": a shape as Python prints a tuple (for sglang's messages).
+std::string python_shape(const std::vector<int64_t>& shape);
+
+}  // namespace moecore::flashinfer_detail

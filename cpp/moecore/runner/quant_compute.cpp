@@ -1,0 +1,265 @@
+// sglang's 8-bit activation quantizers and the scale checks of the 8-bit backends (see
+// quant_compute.h). Scalar fp32 code in the kernels' operation order; no FMA contraction.
+#include "moecore/runner/quant_compute.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "moecore/core/error.h"
+#include "moecore/core/thread_pool.h"
+#include "moecore/formats/e8m0.h"
+#include "moecore/formats/fp8.h"
+#include "moecore/kernels/convert.h"
+
+namespace moecore {
+namespace {
+
+// CUDA's fmax(fmin(v, 448), −448): NaN becomes +448 (fminf returns the non-NaN operand).
+inline uint8_t e4m3_clamped(float v) {
+  return f32_to_fp8_e4m3(std::fmax(std::fmin(v, kFp8E4M3Max), -kFp8E4M3Max));
+}
+
+// Offset (in elements) of the flat index i of a strided view, row-major order.
+int64_t strided_offset(const TensorView& v, int64_t i) {
+  int64_t off = 0;
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    off += (i % v.shape[d]) * v.strides[d];
+    i /= v.shape[d];
+  }
+  return off;
+}
+
+std::string index_string(const TensorView& v, int64_t i) {
+  std::vector<int64_t> idx(v.ndim);
+  for (int d = v.ndim - 1; d >= 0; --d) {
+    idx[d] = i % v.shape[d];
+    i /= v.shape[d];
+  }
+  return shape_string(idx);
+}
+
+}  // namespace
+
+const char* act_quant_name(ActQuant q) {
+  switch (q) {
+    case ActQuant::kNone:
+      return "none";
+    case ActQuant::kFp8Static:
+      return "fp8_static";
+    case ActQuant::kFp8PerTensorDynamic:
+      return "fp8_per_tensor";
+    case ActQuant::kFp8PerToken:
+      return "fp8_per_token";
+    case ActQuant::kFp8PerTokenGroup:
+      return "fp8_per_token_group";
+    case ActQuant::kFp8SiluPostGroup:
+      return "fp8_silu_post_group";
+    case ActQuant::kInt8PerToken:
+      return "int8_per_token";
+  }
+  return "?";
+}
+
+ActQuant parse_act_quant(const std::string& name) {
+  for (ActQuant q : {ActQuant::kNone, ActQuant::kFp8Static, ActQuant::kFp8PerTensorDynamic,
+                     ActQuant::kFp8PerToken, ActQuant::kFp8PerTokenGroup,
+                     ActQuant::kFp8SiluPostGroup, ActQuant::kInt8PerToken})
+    if (name == act_quant_name(q)) return q;
+  MOECORE_THROW(InvalidArgument,
+                "quantize_activation: expected rule 'fp8_static', "
+                "'fp8_per_tensor', 'fp8_per_token', 'fp8_per_token_group', 'fp8_silu_post_group' "
+                "or 'int8_per_token', got '",
+                name, "'");
+}
+
+void fp8_quant_scaled_row(const float* x, int64_t n, float scale, uint8_t* q) {
+  const float inv = 1.0f / scale;
+  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_clamped(x[i] * inv);
+}
+
+float fp8_per_tensor_scale(float amax) { return amax / kFp8E4M3Max; }
+
+float fp8_quant_per_token_row(const float* x, int64_t n, uint8_t* q) {
+  const float s = amax_rows(x, 1, n, n) / kFp8E4M3Max;
+  const float inv = s == 0.0f ? 0.0f : 1.0f / s;
+  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_clamped(x[i] * inv);
+  return s;
+}
+
+float fp8_quant_group(const float* x, int64_t n, bool ue8m0, ActQuant rule, uint8_t* q) {
+  float a = kActQuantEps;
+  for (int64_t i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[i]));
+  float s = a / kFp8E4M3Max;
+  if (ue8m0) {
+    const float floored = rule == ActQuant::kFp8PerTokenGroup ? std::fmax(s, kActQuantEps) : s;
+    s = exp2_int(ceil_log2(floored));
+  }
+  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_clamped(x[i] / s);
+  return s;
+}
+
+float int8_quant_per_token_row(const float* x, int64_t n, int8_t* q) {
+  const float a = std::fmax(amax_rows(x, 1, n, n), kActQuantEps);
+  const float s = a / 127.0f;
+  const float mul = 127.0f / a;
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = std::round(x[i] * mul);  // libdevice.round: half away from zero
+    // Finite inputs stay within ±127; NaN (undefined in sglang's cast) becomes 0.
+    q[i] = static_cast<int8_t>(r != r ? 0.0f : std::fmax(std::fmin(r, 127.0f), -128.0f));
+  }
+  return s;
+}
+
+float amax_rows(const float* x, int64_t m, int64_t n, int64_t ld) {
+  float a = 0.0f;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[r * ld + i]));
+  return a;
+}
+
+int64_t act_scales_per_row(ActQuant rule, int64_t k, int64_t group) {
+  if (rule == ActQuant::kFp8PerTokenGroup || rule == ActQuant::kFp8SiluPostGroup)
+    return (k + group - 1) / group;
+  return 1;
+}
+
+ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale, int64_t group,
+                                       bool ue8m0) {
+  if (rule == ActQuant::kNone) return {};
+  return [rule, static_scale, group, ue8m0](float* rows, int64_t m, int64_t k, int64_t ld,
+                                            float* scales) {
+    thread_local std::vector<uint8_t> q;
+    q.resize(static_cast<size_t>(k));
+    const float* table = fp8_e4m3_table();
+    for (int64_t r = 0; r < m; ++r) {
+      float* row = rows + r * ld;
+      switch (rule) {
+        case ActQuant::kFp8Static:
+        case ActQuant::kFp8PerTensorDynamic:
+          fp8_quant_scaled_row(row, k, static_scale, q.data());
+          scales[r] = static_scale;
+          break;
+        case ActQuant::kFp8PerToken:
+          scales[r] = fp8_quant_per_token_row(row, k, q.data());
+          break;
+        case ActQuant::kFp8PerTokenGroup:
+        case ActQuant::kFp8SiluPostGroup: {
+          const int64_t nb = (k + group - 1) / group;
+          for (int64_t b = 0; b < nb; ++b) {
+            const int64_t k0 = b * group, len = std::min(group, k - k0);
+            scales[r * nb + b] = fp8_quant_group(row + k0, len, ue8m0, rule, q.data() + k0);
+          }
+          break;
+        }
+        case ActQuant::kInt8PerToken: {
+          scales[r] = int8_quant_per_token_row(row, k, reinterpret_cast<int8_t*>(q.data()));
+          for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(static_cast<int8_t>(q[i]));
+          continue;
+        }
+        case ActQuant::kNone:
+          return;
+      }
+      for (int64_t i = 0; i < k; ++i) row[i] = table[q[i]];
+    }
+  };
+}
+
+ActQuantResult quantize_activation(const TensorView& x, ActQuant rule, float scale, int64_t group,
+                                   bool ue8m0) {
+  const char* api = "quantize_activation";
+  MOECORE_CHECK_DTYPE(is_activation_dtype(x.dtype), api, ": expected x f32, f16 or bf16, got ",
+                      x.describe());
+  MOECORE_CHECK(x.ndim == 2 && x.rows_contiguous(), api,
+                ": expected x [rows, K] with contiguous rows, got ", x.describe());
+  MOECORE_CHECK(rule != ActQuant::kNone, api, ": rule 'none' quantizes nothing");
+  const int64_t rows = x.shape[0], k = x.shape[1];
+  const bool grouped = rule == ActQuant::kFp8PerTokenGroup || rule == ActQuant::kFp8SiluPostGroup;
+  if (grouped)
+    MOECORE_CHECK(group > 0 && k % group == 0, api, ": expected K divisible by group_size=", group,
+                  ", got K=", k);
+  if (rule == ActQuant::kFp8Static)
+    MOECORE_CHECK(std::isfinite(scale) && scale > 0.0f, api, ": expected a finite scale > 0, got ",
+                  scale);
+  ActQuantResult out;
+  const bool int8 = rule == ActQuant::kInt8PerToken;
+  out.q = Tensor::empty({rows, k}, int8 ? DType::kI8 : DType::kF8E4M3);
+  const int64_t nb = grouped ? k / group : 1;
+  out.scale = rule == ActQuant::kFp8Static || rule == ActQuant::kFp8PerTensorDynamic
+                  ? Tensor::empty({1}, DType::kF32)
+                  : Tensor::empty({rows, nb}, DType::kF32);
+  std::vector<float> buf(static_cast<size_t>(rows * k));
+  for (int64_t r = 0; r < rows; ++r) load_f32(x.at({r, 0}), x.dtype, k, buf.data() + r * k);
+  if (rule == ActQuant::kFp8PerTensorDynamic)
+    scale = fp8_per_tensor_scale(amax_rows(buf.data(), rows, k, k));
+  if (rule == ActQuant::kFp8Static || rule == ActQuant::kFp8PerTensorDynamic)
+    out.scale.ptr<float>()[0] = scale;
+  uint8_t* q = out.q.ptr<uint8_t>();
+  float* s = out.scale.ptr<float>();
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = buf.data() + r * k;
+      uint8_t* qr = q + r * k;
+      switch (rule) {
+        case ActQuant::kFp8Static:
+        case ActQuant::kFp8PerTensorDynamic:
+          fp8_quant_scaled_row(row, k, scale, qr);
+          break;
+        case ActQuant::kFp8PerToken:
+          s[r] = fp8_quant_per_token_row(row, k, qr);
+          break;
+        case ActQuant::kFp8PerTokenGroup:
+        case ActQuant::kFp8SiluPostGroup:
+          for (int64_t b = 0; b < nb; ++b)
+            s[r * nb + b] = fp8_quant_group(row + b * group, group, ue8m0, rule, qr + b * group);
+          break;
+        case ActQuant::kInt8PerToken:
+          s[r] = int8_quant_per_token_row(row, k, reinterpret_cast<int8_t*>(qr));
+          break;
+        case ActQuant::kNone:
+          break;
+      }
+    }
+  });
+  return out;
+}
+
+void check_scale_values(const char* api, const char* name, const TensorView& scale,
+                        bool allow_zero) {
+  MOECORE_CHECK_DTYPE(scale.dtype == DType::kF32, api, ": ", name, " must be float32, got ",
+                      scale.describe());
+  const float* p = scale.ptr<float>();
+  const int64_t n = scale.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = p[strided_offset(scale, i)];
+    const bool ok = std::isfinite(v) && (allow_zero ? v >= 0.0f : v > 0.0f);
+    MOECORE_CHECK(ok, api, ": ", name, " must be finite and ", allow_zero ? ">= 0" : "> 0",
+                  ", got ", v, " at ", index_string(scale, i));
+  }
+}
+
+TensorView per_channel_scale_view(const char* api, const char* name, const Tensor& scale,
+                                  int64_t num_experts, int64_t n) {
+  MOECORE_CHECK(scale.defined(), api, ": ", name, " is required (per-channel scales [", num_experts,
+                ", ", n, "] or [", num_experts, ", ", n, ", 1])");
+  TensorView v = scale.view();
+  const bool ok = (v.ndim == 2 || (v.ndim == 3 && v.shape[2] == 1)) && v.shape[0] == num_experts &&
+                  v.shape[1] == n;
+  MOECORE_CHECK(ok, api, ": expected ", name, " [", num_experts, ", ", n, "] or [", num_experts,
+                ", ", n, ", 1], got ", scale.describe());
+  v.ndim = 2;
+  return v;
+}
+
+float scalar_scale(const char* api, const char* name, const Tensor& scale) {
+  MOECORE_CHECK_DTYPE(scale.dtype() == DType::kF32, api, ": ", name, " must be float32, got ",
+                      scale.describe());
+  MOECORE_CHECK(scale.numel() == 1, api, ": expected ", name,
+                " with one value (a per-tensor "
+                "activation scale; reduce per-expert scales to their max first), got ",
+                scale.describe());
+  check_scale_values(api, name, scale.view(), false);
+  return scale.ptr<float>()[0];
+}
+
+}  // namespace moecore
