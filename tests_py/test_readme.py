@@ -1,6 +1,6 @@
 """The README's Python examples run as written and compute what they claim: the runner example
-matches its numpy reference, and the layer example (loaded from w1/w3/w2 shards) matches the
-reference on the weights it loaded."""
+matches its numpy reference, the layer example (loaded from w1/w3/w2 shards) matches the
+reference on the weights it loaded, and the FP8 layer stays within FP8 error of it."""
 
 import pathlib
 import re
@@ -18,7 +18,7 @@ def _python_blocks():
 
 
 def test_readme_examples_run_and_match_the_reference():
-    runner_example, layer_example = _python_blocks()[:2]
+    runner_example, layer_example, fp8_example = _python_blocks()[:3]
     ns = {}
     exec(compile(runner_example, f"{README}:runner", "exec"), ns)  # noqa: S102 - our README
     assert_close(np.asarray(ns["y"], dtype=np.float32), ns["ref"], "bf16")
@@ -29,3 +29,10 @@ def test_readme_examples_run_and_match_the_reference():
     expected = fused_moe_ref(ns["x"].astype(np.float32), w13, ns["w2_ckpt"].astype(np.float32),
                              topk.topk_weights, topk.topk_ids, act_dtype="bf16", contract="triton")
     assert_close(np.asarray(ns["y"], dtype=np.float32), expected, "bf16")
+
+    # The FP8 block layer of the quantized section: same routing, fp8 codes for weights and
+    # activations, so close to the bf16 layer but not equal (NMSE of fp8 e4m3 rounding).
+    exec(compile(fp8_example, f"{README}:fp8", "exec"), ns)  # noqa: S102
+    y, y8 = np.asarray(ns["y"], np.float32), np.asarray(ns["y8"], np.float32)
+    nmse = float(np.sum((y8 - y) ** 2) / np.sum(y**2))
+    assert 1e-5 < nmse < 2e-2, nmse

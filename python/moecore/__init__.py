@@ -36,6 +36,20 @@ from . import formats
 from ._moecore import (
     BypassedTopKOutput,
     CombineInput,
+    CuteDslFp4MoeQuantInfo,
+    DeepGemmMoeQuantInfo,
+    FlashInferCutlassMoeQuantInfo,
+    FlashInferMxfp4CutlassMoeQuantInfo,
+    Fp8MoEMethod,
+    ModelOptFp8MoEMethod,
+    ModelOptNvFp4FusedMoEMethod,
+    Mxfp4FlashinferCutlassMoEMethod,
+    Mxfp4MoEMethod,
+    W8A16Int8MoEMethod,
+    W8A8Int8MoEMethod,
+    cutedsl_quant_scale_to_scalar,
+    cutlass_fused_moe_mxfp4,
+    resolve_cutedsl_standard_scales,
     DispatchOutput,
     FusedMoE,
     FusedMoEMethodBase,
@@ -131,9 +145,13 @@ __all__ = [
     "unregister_pre_permute", "unregister_post_permute", "unregister_runner_core", "get_fused_func",
     "registered_fused_funcs", "registered_pre_permutes", "registered_post_permutes",
     "registered_runner_cores",
-    # quant
-    "MoeQuantInfo", "TritonMoeQuantInfo", "TorchNativeMoeQuantInfo", "FusedMoEMethodBase",
-    "UnquantizedFusedMoEMethod",
+    # quant payloads and methods
+    "MoeQuantInfo", "TritonMoeQuantInfo", "TorchNativeMoeQuantInfo", "DeepGemmMoeQuantInfo",
+    "CuteDslFp4MoeQuantInfo", "FlashInferCutlassMoeQuantInfo",
+    "FlashInferMxfp4CutlassMoeQuantInfo", "FusedMoEMethodBase", "UnquantizedFusedMoEMethod",
+    "Fp8MoEMethod", "ModelOptFp8MoEMethod", "ModelOptNvFp4FusedMoEMethod", "Mxfp4MoEMethod",
+    "Mxfp4FlashinferCutlassMoEMethod", "W8A8Int8MoEMethod", "W8A16Int8MoEMethod",
+    "cutedsl_quant_scale_to_scalar", "resolve_cutedsl_standard_scales", "cutlass_fused_moe_mxfp4",
     # layer
     "FusedMoE",
     # process-wide state

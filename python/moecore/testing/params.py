@@ -27,11 +27,21 @@ __all__ = [
 DTYPES = ("f32", "f16", "bf16")
 
 
+# Backends whose contract includes plain f32/f16/bf16 experts with biases, and the payload they
+# take for it. This is contract knowledge the registry cannot express (deep_gemm has a runner
+# core but only bf16 without biases; the flashinfer paths are fused-only with their own scales);
+# the executable paths themselves still come from the registry.
+_UNQUANTIZED_PAYLOADS = {
+    "triton": "TritonMoeQuantInfo",
+    "torch_native": "TorchNativeMoeQuantInfo",
+}
+
+
 def quant_info_class(backend: str):
-    """The unquantized QuantInfo class of a runner backend, found by sglang's naming rule
-    ("torch_native" → TorchNativeMoeQuantInfo), or None when moecore has none."""
-    name = "".join(part.capitalize() for part in backend.split("_")) + "MoeQuantInfo"
-    return getattr(moecore, name, None)
+    """The unquantized QuantInfo class of a runner backend, or None when its contract has no
+    plain-weights path."""
+    name = _UNQUANTIZED_PAYLOADS.get(backend)
+    return getattr(moecore, name) if name else None
 
 
 @dataclass(frozen=True)
