@@ -355,12 +355,13 @@ TEST(FormatsQuantizeTest, Fp8BlockHandlesPartialEdgeTiles) {
   }
 }
 
-TEST(FormatsQuantizeTest, Int8PerTokenRoundsHalfToEven) {
-  // amax 127 → multiplier 1: x = 2.5 → 2, 3.5 → 4, −2.5 → −2.
+TEST(FormatsQuantizeTest, Int8PerTokenRoundsHalfAwayFromZero) {
+  // sglang's per_token_quant_int8 (libdevice.round); amax 127 → multiplier 1: x = 2.5 → 3,
+  // 3.5 → 4, −2.5 → −3 (round-half-even would give 2 and −2).
   Tensor x = f32_tensor({127.0f, 2.5f, 3.5f, -2.5f, -127.0f, 0.4f}, {1, 6});
   QuantizedTensor q = quantize_int8_per_token(x.view());
   EXPECT_EQ(q.scale.ptr<float>()[0], 1.0f);
-  const int8_t expect[6] = {127, 2, 4, -2, -127, 0};
+  const int8_t expect[6] = {127, 3, 4, -3, -127, 0};
   for (int i = 0; i < 6; ++i) EXPECT_EQ(static_cast<int8_t>(q.q.ptr<uint8_t>()[i]), expect[i]);
   Tensor back = dequantize_int8_per_row(q.q.view(), q.scale.view());
   EXPECT_EQ(back.ptr<float>()[2], 4.0f);

@@ -1,11 +1,14 @@
 // The 8-bit MoE paths in C++: sglang's activation quantizer rules on hand-computed values, the
 // triton backend's quantized modes (fused == forced permute, threads, ISA levels, batch
-// invariance, R9), the deep_gemm preprocess / post-reorder invariants and R15 guards, and the
+// invariance, R9), the deep_gemm preprocess / post-reorder invariants, R15 guards and the
+// contiguous (m_indices) layout against the masked one (bitwise) with its bad inputs, and the
 // Fp8MoEMethod / ModelOptFp8MoEMethod / INT8 methods through FusedMoE (errors, padding, shard
 // scale pairing). Numerics against the numpy reference live in tests_py/test_quant_{fp8,int8}.py.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "moecore/core/error.h"
@@ -37,7 +40,7 @@ std::vector<uint8_t> bytes(const Tensor& t) {
 TEST(Fp8ActQuantTest, StaticRuleSaturatesAndTurnsNanIntoMax) {
   const float x[5] = {1e6f, -1e6f, NAN, 448.0f, 1.5f};
   uint8_t q[5];
-  fp8_quant_scaled_row(x, 5, 1.0f, q);
+  fp8_quantize_row_static(x, 5, 1.0f, q);
   EXPECT_EQ(q[0], 0x7e);
   EXPECT_EQ(q[1], 0xfe);
   EXPECT_EQ(q[2], 0x7e);  // fminf(NaN, 448) = 448, as the CUDA kernel
@@ -48,9 +51,9 @@ TEST(Fp8ActQuantTest, StaticRuleSaturatesAndTurnsNanIntoMax) {
 TEST(Fp8ActQuantTest, ZeroInputScales) {
   const float z[4] = {0, 0, 0, 0};
   uint8_t q[4];
-  EXPECT_EQ(fp8_quant_per_token_row(z, 4, q), 0.0f);
+  EXPECT_EQ(fp8_quantize_row_per_token(z, 4, 0.0f, q), 0.0f);
   for (uint8_t c : q) EXPECT_EQ(c, 0);  // inv = 0 when s = 0
-  fp8_quant_scaled_row(z, 4, fp8_per_tensor_scale(0.0f), q);
+  fp8_quantize_row_static(z, 4, fp8_dynamic_scale(0.0f, 0.0f), q);
   for (uint8_t c : q) EXPECT_EQ(c, 0x7e);  // 0 · (1/0) = NaN → +448, dequantized by scale 0
   EXPECT_EQ(fp8_quant_group(z, 4, false, ActQuant::kFp8PerTokenGroup, q), kActQuantEps / 448.0f);
 }
@@ -67,7 +70,7 @@ TEST(Fp8ActQuantTest, Ue8m0FloorDiffersBetweenTheTwoGroupRules) {
 TEST(Int8ActQuantTest, RoundsHalfAwayFromZero) {
   const float x[6] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f};
   int8_t q[6];
-  EXPECT_EQ(int8_quant_per_token_row(x, 6, q), 1.0f);
+  EXPECT_EQ(int8_quantize_row_per_token(x, 6, kActQuantEps, q), 1.0f);
   const int8_t want[6] = {127, 3, -3, 1, -1, 0};
   for (int i = 0; i < 6; ++i) EXPECT_EQ(q[i], want[i]) << i;
 }
@@ -113,9 +116,9 @@ std::shared_ptr<TritonMoeQuantInfo> quantize(const MoeProblem& p, const QuantCas
     std::vector<float> row(n);
     for (int64_t e = 0; e < w.size(0); ++e) {
       load_f32(w.view().at({e, 0, 0}), w.dtype(), n, row.data());
-      const float sc = fp8_per_tensor_scale(amax_rows(row.data(), 1, n, n));
+      const float sc = fp8_dynamic_scale(amax_row(row.data(), n), 0.0f);
       s->ptr<float>()[e] = sc;
-      fp8_quant_scaled_row(row.data(), n, sc, out.ptr<uint8_t>() + e * n);
+      fp8_quantize_row_static(row.data(), n, sc, out.ptr<uint8_t>() + e * n);
     }
     return out;
   };
@@ -274,6 +277,147 @@ TEST(DeepGemmTest, PostReorderAccumulatesInBf16) {
   // 1 + 2^-8 is not a bf16 value: the bf16 sum rounds it back to 1 (ties to even).
   EXPECT_EQ(to_floats(deepgemm_post_reorder(down, src2dst, ids, wts, std::nullopt))[0], 1.0f);
   EXPECT_EQ(to_floats(deepgemm_post_reorder(down, src2dst, ids, wts, 3.0f))[0], 3.0f);
+}
+
+// The contiguous (m_indices) layout: the masked layout's rows re-laid as sglang's ep_scatter
+// does (each expert one 128-aligned run, −1 padding rows holding garbage) give the same bits.
+struct ContiguousLayout {
+  Tensor x, scale, m_indices;
+  std::vector<std::array<int64_t, 3>> runs;  // (expert, first row, rows)
+};
+
+ContiguousLayout to_contiguous(const DeepGemmPreprocessed& pre, bool fp8, int64_t H,
+                               const std::vector<int32_t>& order, int64_t gap_before) {
+  ContiguousLayout c;
+  int64_t M = 0;
+  for (int32_t e : order) {
+    if (e == gap_before) M += 128;
+    const int64_t m = pre.masked_m.ptr<int32_t>()[e];
+    if (m == 0) continue;
+    c.runs.push_back({e, M, m});
+    M += (m + 127) / 128 * 128;
+  }
+  const int64_t groups = H / 128, m_max = pre.m_max, esize = fp8 ? 1 : 2;
+  c.x = Tensor::empty({M, H}, fp8 ? DType::kF8E4M3 : DType::kBF16);
+  auto* bytes_out = static_cast<uint8_t*>(c.x.view().data);
+  for (int64_t i = 0; i < M * H * esize; ++i) bytes_out[i] = static_cast<uint8_t>(i * 37 % 113);
+  if (fp8) {
+    c.scale = Tensor::empty({M, groups}, DType::kF32);
+    for (int64_t i = 0; i < M * groups; ++i) c.scale.ptr<float>()[i] = 1.5f;
+  }
+  c.m_indices = Tensor::empty({M}, DType::kI32);
+  std::fill(c.m_indices.ptr<int32_t>(), c.m_indices.ptr<int32_t>() + M, -1);
+  const auto* src = static_cast<const uint8_t*>(pre.hidden_states.view().data);
+  for (const auto& [e, r0, m] : c.runs) {
+    std::fill(c.m_indices.ptr<int32_t>() + r0, c.m_indices.ptr<int32_t>() + r0 + m,
+              static_cast<int32_t>(e));
+    std::memcpy(bytes_out + r0 * H * esize, src + e * m_max * H * esize, m * H * esize);
+    if (fp8)
+      std::memcpy(c.scale.ptr<float>() + r0 * groups,
+                  pre.hidden_states_scale.ptr<float>() + e * m_max * groups, m * groups * 4);
+  }
+  return c;
+}
+
+DeepGemmMoeQuantInfo deep_gemm_info(const MoeProblem& p, bool fp8) {
+  DeepGemmMoeQuantInfo q;
+  q.use_fp8 = fp8;
+  if (!fp8) {
+    q.w13_weight = p.w13;
+    q.w2_weight = p.w2;
+    return q;
+  }
+  QuantizedTensor a = quantize_fp8_block(p.w13.view(), 128, 128);
+  QuantizedTensor b = quantize_fp8_block(p.w2.view(), 128, 128);
+  q.w13_weight = a.q;
+  q.w13_scale = a.scale;
+  q.w2_weight = b.q;
+  q.w2_scale = b.scale;
+  q.block_shape = {128, 128};
+  return q;
+}
+
+TEST(DeepGemmTest, ContiguousLayoutEqualsMaskedBitwise) {
+  for (bool fp8 : {true, false}) {
+    for (int64_t E : {1, 4, 8}) {
+      std::mt19937 rng(static_cast<unsigned>(40 + E + fp8));
+      MoeProblem p = make_problem(rng, 150, E, 256, 128, std::min<int64_t>(2, E), DType::kBF16);
+      // Expert E−1 gets no rows (when E > 1); some slots are −1.
+      for (int64_t s = 0; s < p.T * p.k; ++s) {
+        int32_t& id = p.topk_ids.ptr<int32_t>()[s];
+        if (E > 1 && id == E - 1) id = -1;
+        if (s % 7 == 3) id = -1;
+      }
+      const DeepGemmMoeQuantInfo info = deep_gemm_info(p, fp8);
+      DeepGemmPreprocessed pre = moe_ep_deepgemm_preprocess(p.topk_ids, E, p.x, fp8, false);
+      std::vector<int32_t> order;
+      for (int32_t e = static_cast<int32_t>(E) - 1; e >= 0; --e) order.push_back(e);  // descending
+      ContiguousLayout c = to_contiguous(pre, fp8, 256, order, /*gap_before=*/0);
+      MoeRunnerConfig config;
+      const Tensor masked = deep_gemm_masked_core(config, info, pre.hidden_states,
+                                                  pre.hidden_states_scale, pre.masked_m);
+      const Tensor contig = deep_gemm_contiguous_core(config, info, c.x, c.scale, c.m_indices);
+      ASSERT_EQ(contig.size(0), c.x.size(0));
+      const uint16_t* a = contig.ptr<uint16_t>();
+      const uint16_t* b = masked.ptr<uint16_t>();
+      int64_t rows = 0;
+      for (const auto& [e, r0, m] : c.runs) {
+        EXPECT_EQ(0, std::memcmp(a + r0 * 256, b + e * pre.m_max * 256, m * 256 * 2))
+            << "fp8=" << fp8 << " E=" << E << " expert " << e;
+        rows += m;
+      }
+      if (E > 1) EXPECT_EQ(pre.masked_m.ptr<int32_t>()[E - 1], 0);
+      EXPECT_GT(rows, 128);  // some expert spans two blocks or more experts than one block
+      for (int64_t r = 0; r < c.x.size(0); ++r)
+        if (c.m_indices.ptr<int32_t>()[r] < 0)
+          for (int64_t h = 0; h < 256; ++h) ASSERT_EQ(a[r * 256 + h], 0) << "padding row " << r;
+    }
+  }
+}
+
+TEST(DeepGemmTest, ContiguousLayoutRejectsBadMIndices) {
+  std::mt19937 rng(9);
+  MoeProblem p = make_problem(rng, 20, 2, 256, 128, 1, DType::kBF16);
+  const DeepGemmMoeQuantInfo info = deep_gemm_info(p, true);
+  DeepGemmPreprocessed pre = moe_ep_deepgemm_preprocess(p.topk_ids, 2, p.x, true, false);
+  ASSERT_GE(pre.masked_m.ptr<int32_t>()[0], 3);
+  ASSERT_GE(pre.masked_m.ptr<int32_t>()[1], 3);
+  const ContiguousLayout c = to_contiguous(pre, true, 256, {0, 1}, -1);
+  ASSERT_EQ(c.x.size(0), 256);
+  MoeRunnerConfig config;
+  auto run_with = [&](const Tensor& ids) {
+    return deep_gemm_contiguous_core(config, info, c.x, c.scale, ids);
+  };
+  EXPECT_NO_THROW(run_with(c.m_indices));
+  auto edited = [&](int64_t row, int32_t value) {
+    Tensor t = Tensor::copy_of(c.m_indices.view());
+    t.ptr<int32_t>()[row] = value;
+    return t;
+  };
+  EXPECT_THROW(run_with(edited(0, 2)), OutOfRange);         // id ≥ E
+  EXPECT_THROW(run_with(edited(5, -3)), OutOfRange);        // id < −1
+  EXPECT_THROW(run_with(edited(200, 0)), InvalidArgument);  // expert 0 split in two runs
+  EXPECT_THROW(run_with(edited(1, -1)), InvalidArgument);   // hole inside expert 0's run
+  EXPECT_THROW(run_with(edited(127, 1)), InvalidArgument);  // expert 1 starts mid-block
+  Tensor i64 = Tensor::zeros({256}, DType::kI64);
+  EXPECT_THROW(run_with(i64), DTypeError);
+  TensorView shorter = c.m_indices.view();
+  shorter.shape[0] = 255;
+  EXPECT_THROW(run_with(Tensor::copy_of(shorter)), InvalidArgument);
+  // M not a multiple of 128 (all three shortened together).
+  TensorView x200 = c.x.view(), s200 = c.scale.view(), i200 = c.m_indices.view();
+  x200.shape[0] = s200.shape[0] = i200.shape[0] = 200;
+  EXPECT_THROW(deep_gemm_contiguous_core(config, info, Tensor::copy_of(x200), Tensor::copy_of(s200),
+                                         Tensor::copy_of(i200)),
+               InvalidArgument);
+  EXPECT_THROW(deep_gemm_contiguous_core(config, info, c.x, Tensor(), c.m_indices),
+               InvalidArgument);  // FP8 needs the scales
+  // Empty contiguous input: [0, H] out, no kernels.
+  const Tensor empty = deep_gemm_contiguous_core(
+      config, info, Tensor::empty({0, 256}, DType::kF8E4M3), Tensor::empty({0, 2}, DType::kF32),
+      Tensor::empty({0}, DType::kI32));
+  EXPECT_EQ(empty.size(0), 0);
+  EXPECT_EQ(empty.size(1), 256);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -379,6 +379,54 @@ def test_int8_matches_reference(shape, dtype, strided):
         assert_bits(mf.dequantize_int8_per_row(q, s), ref.dequantize_int8_per_row_ref(q, s))
 
 
+# The rules follow sglang's kernel arithmetic (changed from the first formats version, which
+# rounded INT8 ties to even, divided by the FP8 scale and floored UE8M0 at 2^-127 only).
+
+
+def test_int8_rounds_ties_away_from_zero_like_per_token_quant_int8():
+    q, s = mf.quantize_int8_per_token(np.array([[127.0, 2.5, -2.5, 0.5, -0.5, 3.5]], F32))
+    assert s[0, 0] == 1.0
+    assert list(q[0]) == [127, 3, -3, 1, -1, 4]  # libdevice.round; half-even gives 2, -2, 0, 0
+
+
+def test_fp8_static_multiplies_by_the_reciprocal():
+    """sgl-kernel per_tensor_quant_fp8: x · fp32(1/s). Here x / s lands on code 7, x · (1/s) on 8."""
+    s = F32(1.4501545)
+    x = np.array([[0.021242497]], F32)
+    assert ref.encode_fp8_ref(x / s)[0, 0] == 7
+    assert raw(mf.quantize_fp8_static(x, float(s)))[0, 0] == 8
+    assert raw(mf.quantize_fp8_per_tensor(np.array([[0.021242497, 448 * s]], F32))[0])[0, 0] == 8
+
+
+def test_fp8_group_ue8m0_floor_is_the_cuda_kernels():
+    x = np.full((1, 128), 1e-9, F32)  # s = 1e-9/448 ≈ 2^-38.7
+    _, s = mf.quantize_fp8_per_token_group(x, 128, scale_ue8m0=True)
+    assert s[0, 0] == np.ldexp(F32(1), -33)  # 2^ceil(log2 max(s, 1e-10))
+    _, s_post = ref.quantize_fp8_per_token_group_ref(x, 128, scale_ue8m0=True,
+                                                    rule="deep_gemm_silu_post")
+    assert s_post[0, 0] == np.ldexp(F32(1), -38)  # DeepGEMM's Triton post-quant: no floor
+
+
+def test_formats_and_backend_quantizers_are_one_rule():
+    """fp8_int8_ops.quantize_activation (the triton / deep_gemm quantizers) runs the formats
+    kernels: equal codes and scales wherever the inputs are non-zero (sglang's per-tensor and
+    per-token kernels have no eps)."""
+    ops = moecore._moecore.fp8_int8_ops
+    x = make_input(np.random.default_rng(11), (5, 256), "bf16", False)
+    pairs = [
+        (mf.quantize_fp8_static(x, 0.02), ops.quantize_activation(x, "fp8_static", 0.02)[0]),
+        (mf.quantize_fp8_per_tensor(x), ops.quantize_activation(x, "fp8_per_tensor")),
+        (mf.quantize_fp8_per_token(x), ops.quantize_activation(x, "fp8_per_token")),
+        (mf.quantize_fp8_per_token_group(x, 128, scale_ue8m0=True),
+         ops.quantize_activation(x, "fp8_per_token_group", group_size=128, scale_ue8m0=True)),
+        (mf.quantize_int8_per_token(x), ops.quantize_activation(x, "int8_per_token")),
+    ]
+    for got, want in pairs:
+        for a, b in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,)):
+            assert_bits(np.asarray(a), np.asarray(b))
+
+
 def test_thread_count_does_not_change_results():
     x = make_input(np.random.default_rng(10), (67, 512), "bf16", False)
     saved = moecore.get_num_threads()

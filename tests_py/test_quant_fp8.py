@@ -5,7 +5,8 @@ Oracle: ``moecore.reference.moe_fp8`` (pure numpy). Quantized activations, weigh
 the DeepGEMM preprocess and post_reorder are compared bit for bit; MoE outputs with the "bf16"
 tolerance row (TESTING.md: activation-quantized paths → output as bf16). Also bitwise: fused vs
 forced-permute, thread counts and ISA levels, batch invariance (except the documented
-batch-dependent per-tensor dynamic mode). Named seed-rule tests: R9 (empty input), R10 (ModelOpt
+batch-dependent per-tensor dynamic mode), and the deep_gemm core's contiguous (m_indices) layout
+against its masked layout. Named seed-rule tests: R9 (empty input), R10 (ModelOpt
 FP8 on flashinfer_cutlass with I % 16 != 0), R14 (ids −1), R15 (DeepGEMM needs gated silu).
 """
 
@@ -525,6 +526,204 @@ def test_deep_gemm_registrations():
     assert "deep_gemm" in cores
     assert not any(b == "deep_gemm" for _, b in fused)  # sglang registers no fused func
     assert ("deepep_ll", "deep_gemm") not in pre and ("deepep_normal", "deep_gemm") not in pre
+
+
+# ---------------------------------------------------------------------------------------------
+# The deep_gemm core on the contiguous (m_indices) layout: sglang's ep_scatter output [M, H],
+# each expert's rows one 128-aligned run, −1 padding rows. Same per-row contract as the masked
+# layout, so the two agree bit for bit; padding rows are never read and come out zero.
+
+
+def _dg_core_problem(use_fp8, ue8m0, T, E, k, seed, skip=()):
+    """A DGProblem whose ids avoid the experts in `skip` (0-row experts) plus its masked layout."""
+    dg = DGProblem(T, E, 256, 128, k, use_fp8, ue8m0, seed=seed, minus_one=True)
+    rng = np.random.default_rng(seed)
+    allowed = [e for e in range(E) if e not in skip]
+    for t in range(T):
+        ids = rng.permutation(allowed)[:k].astype(np.int32)
+        dg.ids[t, :len(ids)] = ids
+        dg.ids[t, len(ids):] = -1
+    if T:
+        dg.ids[::3, -1] = -1
+    pre = OPS.deep_gemm_preprocess(dg.ids, E, dg.p.x, use_fp8=use_fp8, scale_ue8m0=ue8m0)
+    return dg, pre
+
+
+def _to_contiguous(pre, use_fp8, seed, order=None, gaps=()):
+    """The masked rows laid out as ep_scatter does: experts in `order` (default ascending), each
+    run starting on a 128-row boundary and padded with −1 rows; `gaps` adds whole padding blocks
+    before the listed experts. Padding rows hold random garbage (codes, scales) so a read of one
+    would show. Returns (hidden_states, scale, m_indices, [(expert, first row, rows)])."""
+    rng = np.random.default_rng(seed)
+    masked = pre["masked_m"]
+    E, _, H = pre["hidden_states"].shape
+    order = range(E) if order is None else order
+    starts, r = [], 0
+    for e in order:
+        r += 128 * (e in gaps)
+        m = int(masked[e])
+        if m:
+            starts.append((e, r, m))
+            r += -(-m // 128) * 128
+    M = r
+    ids = np.full(M, -1, np.int32)
+    if use_fp8:
+        hs = f8(rng.integers(0, 0x7F, (M, H), dtype=np.uint8))
+        sc = rng.uniform(0.5, 2.0, (M, H // 128)).astype(F32)
+    else:
+        hs = rng.standard_normal((M, H)).astype(BF16)
+        sc = None
+    for e, r0, m in starts:
+        ids[r0:r0 + m] = e
+        hs[r0:r0 + m] = pre["hidden_states"][e, :m]
+        if use_fp8:
+            sc[r0:r0 + m] = pre["hidden_states_scale"][e, :m]
+    return hs, sc, ids, starts
+
+
+# (T, E, k, experts with no rows, gap blocks, expert order)
+CONTIG_CASES = [
+    pytest.param(1, 1, 1, (), (), None, id="E1-T1"),
+    pytest.param(7, 4, 2, (1,), (), None, id="E4-one-empty"),
+    pytest.param(300, 4, 2, (), (0, 2), None, id="E4-multiblock-gaps"),
+    pytest.param(40, 8, 3, (0, 5, 7), (3,), [7, 6, 5, 4, 3, 2, 1, 0], id="E8-descending"),
+    pytest.param(0, 4, 2, (), (), None, id="empty"),
+]
+
+
+@pytest.mark.parametrize("T, E, k, skip, gaps, order", CONTIG_CASES)
+@pytest.mark.parametrize("use_fp8, ue8m0", DG_FLOWS)
+def test_deep_gemm_contiguous_equals_masked_bitwise(use_fp8, ue8m0, T, E, k, skip, gaps, order):
+    dg, pre = _dg_core_problem(use_fp8, ue8m0, T, E, k, _seed("contig", T, E, use_fp8, ue8m0),
+                               skip)
+    assert all(pre["masked_m"][e] == 0 for e in skip)
+    hs, sc, ids, starts = _to_contiguous(pre, use_fp8, _seed("pad", T, E), order, gaps)
+    info = dg.quant_info()
+    masked = OPS.deep_gemm_masked_core(info, pre["hidden_states"], pre["hidden_states_scale"],
+                                       pre["masked_m"])
+    got = OPS.deep_gemm_contiguous_core(info, hs, sc, ids)
+    assert got.dtype == BF16 and got.shape == hs.shape
+    for e, r0, m in starts:
+        assert_bitwise_equal(got[r0:r0 + m], masked[e, :m], what=f"expert {e} rows")
+    assert not np.any(got[ids < 0].astype(F32)), "padding rows must come out zero"
+    assert sum(m for _, _, m in starts) == int((dg.ids >= 0).sum())
+
+
+@pytest.mark.parametrize("use_fp8, ue8m0", DG_FLOWS)
+def test_deep_gemm_contiguous_matches_reference(use_fp8, ue8m0):
+    dg, pre = _dg_core_problem(use_fp8, ue8m0, 150, 4, 2, _seed("contig-ref", use_fp8, ue8m0),
+                               skip=(2,))
+    hs, sc, ids, _ = _to_contiguous(pre, use_fp8, 3, gaps=(1,))
+    got = OPS.deep_gemm_contiguous_core(dg.quant_info(), hs, sc, ids)
+    ref = R.deep_gemm_contiguous_core_ref(hs, sc, ids, dg.w13, dg.w2, use_fp8=use_fp8,
+                                          w13_scale=dg.s13, w2_scale=dg.s2, scale_ue8m0=ue8m0)
+    assert_close(got, ref, "bf16", what=f"contiguous core fp8={use_fp8} ue8m0={ue8m0}")
+    assert not np.any(ref[ids < 0])
+    # The twin's layouts agree exactly with each other, as the C++ ones do.
+    ref_masked = R.deep_gemm_masked_core_ref(pre["hidden_states"], pre["hidden_states_scale"],
+                                             pre["masked_m"], dg.w13, dg.w2, use_fp8=use_fp8,
+                                             w13_scale=dg.s13, w2_scale=dg.s2,
+                                             scale_ue8m0=ue8m0)
+    for e, r0, m in R.contiguous_segments_ref(ids, 4):
+        assert_bitwise_equal(ref[r0:r0 + m], ref_masked[e, :m])
+
+
+def test_deep_gemm_contiguous_swiglu_limit_threads_and_isa(num_threads):
+    dg, pre = _dg_core_problem(True, False, 60, 4, 2, 8)
+    hs, sc, ids, starts = _to_contiguous(pre, True, 9)
+    cfg = dict(swiglu_limit=0.3)
+    info = dg.quant_info()
+    num_threads(1)
+    base = OPS.deep_gemm_contiguous_core(info, hs, sc, ids,
+                                         config=moecore.MoeRunnerConfig(isa_level="scalar", **cfg))
+    ref = R.deep_gemm_contiguous_core_ref(hs, sc, ids, dg.w13, dg.w2, use_fp8=True,
+                                          w13_scale=dg.s13, w2_scale=dg.s2, swiglu_limit=0.3)
+    assert_close(base, ref, "bf16")
+    masked = OPS.deep_gemm_masked_core(info, pre["hidden_states"], pre["hidden_states_scale"],
+                                       pre["masked_m"], config=moecore.MoeRunnerConfig(**cfg))
+    for e, r0, m in starts:
+        assert_bitwise_equal(base[r0:r0 + m], masked[e, :m])
+    for threads in (2, 3):
+        num_threads(threads)
+        for isa in isa_levels():
+            got = OPS.deep_gemm_contiguous_core(
+                info, hs, sc, ids, config=moecore.MoeRunnerConfig(isa_level=isa, **cfg))
+            assert_bitwise_equal(got, base, what=f"{threads} threads {isa}")
+
+
+def _contig_bad(mutate=None, use_fp8=True, **kw):
+    """Runs the contiguous core on a 2-expert, 256-row layout after `mutate(ids, hs, sc)` (which
+    may return replacements); the twin's validator sees the same m_indices."""
+    def call():
+        dg, pre = _dg_core_problem(use_fp8, False, 20, 2, 1, 1)
+        hs, sc, ids, _ = _to_contiguous(pre, use_fp8, 2)
+        assert ids.shape == (256,) and min(pre["masked_m"]) >= 3  # each case can fail
+        args = dict(ids=ids, hs=hs, sc=sc)
+        if mutate is not None:
+            args.update(mutate(ids.copy(), hs, sc) or {})
+        OPS.deep_gemm_contiguous_core(dg.quant_info(), args["hs"], args["sc"], args["ids"], **kw)
+    return call
+
+
+def _ids(fn):
+    def mutate(ids, hs, sc):
+        return {"ids": fn(ids)}
+    return mutate
+
+
+def _set(ids, where, value):
+    ids[where] = value
+    return ids
+
+
+CONTIG_BAD = [
+    ("ids-int64", _ids(lambda i: i.astype(np.int64)), TypeError, "expected m_indices int32", True),
+    ("ids-short", _ids(lambda i: i[:255]), ValueError, "expected m_indices int32 [256]", False),
+    ("ids-2d", _ids(lambda i: i.reshape(2, 128)), ValueError, "expected m_indices int32 [256]", False),
+    ("ids-ge-E", _ids(lambda i: _set(i, 0, 2)), IndexError, "m_indices must be in [-1, 2)", True),
+    ("ids-lt-minus-one", _ids(lambda i: _set(i, 200, -2)), IndexError, "m_indices must be in [-1, 2)", True),
+    ("expert-split", _ids(lambda i: _set(i, 200, 0)), ValueError, "rows of expert 0 must be contiguous", True),
+    ("expert-hole", _ids(lambda i: _set(i, 1, -1)), ValueError, "rows of expert 0 must be contiguous", True),
+    ("misaligned-start", _ids(lambda i: np.roll(i, 3)), ValueError, "start on a 128-row boundary", True),
+    ("two-experts-one-block", _ids(lambda i: _set(i, slice(100, 128), 1)), ValueError, "rows of expert 1", True),
+    ("M-not-multiple-of-128", lambda i, hs, sc: {"ids": i[:200], "hs": hs[:200], "sc": sc[:200]}, ValueError, "expected M a multiple of 128", True),
+    ("scale-missing", lambda i, hs, sc: {"sc": None}, ValueError, "expected contiguous f32 hidden_states_scale [256, 2]", False),
+    ("scale-f16", lambda i, hs, sc: {"sc": sc.astype(np.float16)}, ValueError, "hidden_states_scale [256, 2]", False),
+    ("codes-bf16", lambda i, hs, sc: {"hs": np.zeros(hs.shape, BF16)}, TypeError, "hidden_states must be fp8_e4m3 codes", False),
+    ("hidden-3d", lambda i, hs, sc: {"hs": hs.reshape(2, 128, 256)}, ValueError, "hidden_states [M, H] for the contiguous layout", False),
+    ("hidden-H-mismatch", lambda i, hs, sc: {"hs": hs[:, :128]}, ValueError, "expected contiguous hidden_states [M, H] = [256, 256]", False),
+]
+
+
+@pytest.mark.parametrize("mutate, exc, text, twin",
+                         [pytest.param(m, e, t, tw, id=i) for i, m, e, t, tw in CONTIG_BAD])
+def test_deep_gemm_contiguous_bad_input(mutate, exc, text, twin):
+    with pytest.raises(exc) as info:
+        _contig_bad(mutate)()
+    assert text in str(info.value), str(info.value)
+    if twin:  # the numpy twin rejects the same m_indices with the same exception type
+        _, pre = _dg_core_problem(True, False, 20, 2, 1, 1)
+        hs, sc, ids, _ = _to_contiguous(pre, True, 2)
+        bad = mutate(ids.copy(), hs, sc)["ids"]
+        with pytest.raises(exc):
+            R.contiguous_segments_ref(bad, 2)
+
+
+def test_deep_gemm_core_bad_input_other():
+    with pytest.raises(ValueError, match="takes no hidden_states_scale"):
+        dg, pre = _dg_core_problem(False, False, 20, 2, 1, 1)
+        hs, _, ids, _ = _to_contiguous(pre, False, 2)
+        OPS.deep_gemm_contiguous_core(dg.quant_info(), hs, np.ones((256, 2), F32), ids)
+    with pytest.raises(AssertionError, match="requires activation='silu'"):
+        _contig_bad(config=moecore.MoeRunnerConfig(activation="gelu"))()
+    dg, pre = _dg_core_problem(True, False, 20, 2, 1, 1)
+    bad_m = np.array([0, pre["hidden_states"].shape[1] + 1], np.int32)
+    with pytest.raises(ValueError, match=r"masked_m\[1\] must be in \[0, 256\]"):
+        OPS.deep_gemm_masked_core(dg.quant_info(), pre["hidden_states"],
+                                  pre["hidden_states_scale"], bad_m)
+    with pytest.raises(ValueError, match="hidden_states \\[E, m, H\\] for the masked layout"):
+        OPS.deep_gemm_masked_core(dg.quant_info(), pre["hidden_states"][0],
+                                  pre["hidden_states_scale"][0], pre["masked_m"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -141,7 +141,9 @@ void bind_quantizers(py::module_& m) {
         Tensor t = to_required_tensor(x, "quantize_fp8_static: x");
         return to_numpy(nogil([&] { return quantize_fp8_static(t.view(), scale); }));
       },
-      "x"_a, "scale"_a, "Static per-tensor FP8: q = sat_e4m3(x / scale), scale finite > 0.");
+      "x"_a, "scale"_a,
+      "Static per-tensor FP8 (sgl-kernel per_tensor_quant_fp8): q = e4m3(clamp(x · "
+      "fp32(1/scale), ±448)), scale finite > 0.");
   m.def(
       "quantize_fp8_per_tensor",
       [](py::object x, float eps) {
@@ -149,7 +151,8 @@ void bind_quantizers(py::module_& m) {
         return pair(nogil([&] { return quantize_fp8_per_tensor(t.view(), eps); }));
       },
       "x"_a, "eps"_a = kDefaultMinAmax,
-      "Dynamic per-tensor FP8 → (q e4m3, scale f32 [1]), s = max(amax, eps)/448, q = sat(x/s).");
+      "Dynamic per-tensor FP8 → (q e4m3, scale f32 [1]), s = max(amax, eps)/448, then the "
+      "static rule (sgl-kernel per_tensor_quant_fp8).");
   m.def(
       "quantize_fp8_per_channel",
       [](py::object w, float eps) {
@@ -157,7 +160,8 @@ void bind_quantizers(py::module_& m) {
         return pair(nogil([&] { return quantize_fp8_per_channel(t.view(), eps); }));
       },
       "w"_a, "eps"_a = kDefaultMinAmax,
-      "Per-output-channel FP8 of w [..., N, K] → (q, scale f32 [..., N, 1]).");
+      "Per-output-channel FP8 of w [..., N, K] → (q, scale f32 [..., N, 1]); the per-token rule "
+      "(sgl-kernel per_token_quant_fp8): s = max(amax, eps)/448, q = e4m3(clamp(x · fp32(1/s))).");
   m.def(
       "quantize_fp8_per_token",
       [](py::object x, float eps) {
@@ -165,7 +169,8 @@ void bind_quantizers(py::module_& m) {
         return pair(nogil([&] { return quantize_fp8_per_token(t.view(), eps); }));
       },
       "x"_a, "eps"_a = kDefaultMinAmax,
-      "Per-token FP8 of x [..., T, H] → (q, scale f32 [..., T, 1]).");
+      "Per-token FP8 of x [..., T, H] → (q, scale f32 [..., T, 1]) (sgl-kernel "
+      "per_token_quant_fp8): s = max(amax, eps)/448, q = e4m3(clamp(x · fp32(1/s))).");
   m.def(
       "quantize_fp8_per_token_group",
       [](py::object x, int64_t group_size, float eps, bool scale_ue8m0) {
@@ -174,8 +179,9 @@ void bind_quantizers(py::module_& m) {
             [&] { return quantize_fp8_per_token_group(t.view(), group_size, eps, scale_ue8m0); }));
       },
       "x"_a, "group_size"_a = kFp8GroupSize, "eps"_a = kDefaultMinAmax, "scale_ue8m0"_a = false,
-      "Per-token-group FP8 (1×G, K % G == 0) → (q, scale f32 [..., K/G]); s = max(amax, "
-      "eps)/448, rounded up to a power of two when scale_ue8m0.");
+      "Per-token-group FP8 (1×G, K % G == 0; sgl-kernel per_token_group_quant_8bit) → (q, scale "
+      "f32 [..., K/G]); s = max(amax, eps)/448, with scale_ue8m0 s = 2^ceil(log2 max(s, 1e-10)); "
+      "q = e4m3(clamp(x / s)).");
   m.def(
       "quantize_fp8_block",
       [](py::object w, int64_t block_n, int64_t block_k, float eps, bool scale_ue8m0) {
@@ -185,8 +191,9 @@ void bind_quantizers(py::module_& m) {
       },
       "w"_a, "block_n"_a = kFp8WeightBlock, "block_k"_a = kFp8WeightBlock,
       "eps"_a = kDefaultMinAmax, "scale_ue8m0"_a = false,
-      "Block FP8 of w [..., N, K] (edge tiles may be partial) → (q, weight_scale_inv f32 "
-      "[..., ceil(N/bn), ceil(K/bk)]), the dequant multiplier per tile.");
+      "Block FP8 of w [..., N, K] (edge tiles may be partial; DeepGEMM per_block_cast_to_fp8) → "
+      "(q, weight_scale_inv f32 [..., ceil(N/bn), ceil(K/bk)]), the dequant multiplier per tile; "
+      "s = max(amax, eps)/448 (UE8M0: 2^ceil(log2 s)), q = e4m3(clamp(x · fp32(1/s))).");
   m.def(
       "dequantize_fp8_per_tensor",
       [](py::object q, float scale, py::object out_dtype) {
@@ -301,7 +308,8 @@ void bind_quantizers(py::module_& m) {
       },
       "w"_a, "eps"_a = kDefaultMinAmax,
       "Symmetric INT8 per output channel of w [..., N, K] → (q int8, scale f32 [..., N, 1]); "
-      "s = max(amax, eps)/127, q = clamp(rint(x · 127/max(amax, eps)), ±127).");
+      "sglang's per_token_quant_int8: a = max(amax, eps), s = a/127, q = round_half_away(x · "
+      "fp32(127/a)).");
   m.def(
       "quantize_int8_per_token",
       [](py::object x, float eps) {
@@ -309,7 +317,8 @@ void bind_quantizers(py::module_& m) {
         return pair(nogil([&] { return quantize_int8_per_token(t.view(), eps); }));
       },
       "x"_a, "eps"_a = kDefaultMinAmax,
-      "Symmetric INT8 per token of x [..., T, H] → (q int8, scale f32 [..., T, 1]).");
+      "Symmetric INT8 per token of x [..., T, H] → (q int8, scale f32 [..., T, 1]); sglang's "
+      "per_token_quant_int8 (ties away from zero).");
   m.def(
       "dequantize_int8_per_row",
       [](py::object q, py::object scale, py::object out_dtype) {

@@ -106,6 +106,37 @@ void bind_ops(py::module_& m) {
       "down_output"_a, "src2dst"_a, "topk_ids"_a, "topk_weights"_a,
       "routed_scaling_factor"_a = py::none(),
       "sglang's post_reorder_triton_kernel then × routed_scaling_factor (bf16 accumulation).");
+  // The deep_gemm runner core on either layout; config None → a default MoeRunnerConfig (silu).
+  auto core_binding = [&](const char* name, auto fn, const char* index_arg, const char* doc) {
+    ops.def(
+        name,
+        [fn, name](const DeepGemmMoeQuantInfo& info, py::object hidden_states,
+                   py::object hidden_states_scale, py::object index,
+                   std::optional<MoeRunnerConfig> config) {
+          const std::string api = std::string(name) + ": ";
+          Tensor x = to_required_tensor(hidden_states, (api + "hidden_states").c_str());
+          Tensor s = to_tensor(hidden_states_scale, (api + "hidden_states_scale").c_str());
+          Tensor i = to_required_tensor(index, (api + "index").c_str());
+          const MoeRunnerConfig c = config.value_or(MoeRunnerConfig{});
+          Tensor out;
+          {
+            py::gil_scoped_release release;
+            out = fn(c, info, x, s, i);
+          }
+          return to_numpy(out);
+        },
+        "quant_info"_a, "hidden_states"_a, "hidden_states_scale"_a, py::arg(index_arg),
+        py::kw_only(), "config"_a = py::none(), doc);
+  };
+  core_binding("deep_gemm_masked_core", &deep_gemm_masked_core, "masked_m",
+               "The deep_gemm runner core on the masked layout: hidden_states [E, m_max, H] "
+               "(e4m3 + f32 scales [E, m_max, H/128], or bf16 + None), masked_m int32 [E] → bf16 "
+               "[E, m_max, H] (rows past masked_m zero).");
+  core_binding("deep_gemm_contiguous_core", &deep_gemm_contiguous_core, "m_indices",
+               "The deep_gemm runner core on the contiguous layout (sglang's ep_scatter): "
+               "hidden_states [M, H] (e4m3 + f32 scales [M, H/128], or bf16 + None), m_indices "
+               "int32 [M] (expert per row, -1 padding; runs 128-aligned) → bf16 [M, H] (padding "
+               "rows zero).");
   ops.def(
       "requantize_w13_to_max_scale",
       [](py::object w13, py::object scales, int64_t inter, std::vector<int> shard_cols) {

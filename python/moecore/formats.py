@@ -9,18 +9,37 @@ Conventions (spec sections refer to spec/sglang-moe-architecture.md):
   low nibble of byte i (or ``moecore.tagged(u8, "fp4_e2m1x2")``). Outputs are new arrays.
 * FP8 encoding rounds to nearest even and saturates like the GPU kernels (|x| ≥ 448 and ±inf
   become ±448 for e4m3; ml_dtypes gives NaN instead). NaN stays NaN.
-* Quantizers compute in float32 in the rule's documented order. Non-finite input, invalid input
+* Quantizers compute in float32 in the rule's documented order (below). Non-finite input, invalid input
   scales (zero, negative, NaN or inf; NVFP4 block scales may be 0) and E8M0 0xFF raise
   ``InvalidArgumentError`` (a ValueError); wrong dtypes raise ``DTypeError`` (a TypeError). Scales
   returned as float32 are dequant multipliers (x ≈ q · s).
-* FP8 (§7.4): s = max(amax, eps)/448, q = sat(x / s); per-tensor, per-channel, per-token,
-  per-token-group (1×G, K % G == 0) and 2-D blocks (edges may be partial), optional UE8M0 scales.
-* NVFP4 (§7.2): 16-blocks, e4m3 block scales (linear layout), fp32 global scale gs; the rounding
-  order of sglang's reference and CUDA kernel. ModelOpt's weight_scale_2 / input_scale are 1/gs.
-* MXFP4 (§7.3): 32-blocks, e8m0 scales; ``rounding="sglang_ceil"`` (sglang's MXFP4QuantizeUtil,
-  ties down, zero encodes as 0x8) or ``"ocp_floor"`` (OCP MX v1.0: floor(log2 amax) − 2, RNE,
-  saturating).
-* INT8: symmetric, s = max(amax, eps)/127, q = rint(x · 127/amax'); codes are int8.
+* Every quantization rule exists once in C++ (cpp/moecore/formats/quantize.h), shared with the MoE
+  backends, in the fp32 operation order of the sglang kernel it mirrors:
+
+  - ``quantize_fp8_static``: sgl-kernel per_tensor_quant_fp8 (static, ``scaled_fp8_quant(x,
+    scale)``): q = e4m3(clamp(x · fp32(1/scale), ±448)).
+  - ``quantize_fp8_per_tensor``: the same kernel, dynamic: s = max(amax(x), eps)/448, then as
+    static.
+  - ``quantize_fp8_per_token`` / ``quantize_fp8_per_channel``: sgl-kernel per_token_quant_fp8
+    (``scaled_fp8_quant(x, use_per_token_if_dynamic=True)``): s = max(amax_row, eps)/448,
+    q = e4m3(clamp(x · fp32(1/s))). sglang's per-tensor / per-token kernels have no eps (it only
+    matters for an all-zero input).
+  - ``quantize_fp8_per_token_group``: ``sglang_per_token_group_quant_fp8`` (sgl-kernel
+    per_token_group_quant_8bit): s = max(amax, eps)/448, with ``scale_ue8m0`` s =
+    2^ceil(log2 max(s, 1e-10)); q = e4m3(clamp(x / s)) (a division). DeepGEMM's Triton
+    ``_silu_and_mul_post_quant_kernel`` differs only in its UE8M0 step (no 1e-10 floor); that rule
+    is ``fp8_int8_ops.quantize_activation(..., rule="fp8_silu_post_group")``.
+  - ``quantize_fp8_block``: DeepGEMM's per_block_cast_to_fp8 (eps is its amax clamp): s =
+    max(amax_tile, eps)/448, UE8M0 s = 2^ceil(log2 s), q = e4m3(clamp(x · fp32(1/s))).
+  - ``quantize_nvfp4`` (§7.2): sgl-kernel's NVFP4 quant kernel (cvt_warp_fp16_to_fp4) and
+    ref_nvfp4_quant: 16-blocks, e4m3 block scales (linear layout), fp32 global scale gs.
+    ModelOpt's weight_scale_2 / input_scale are 1/gs.
+  - ``quantize_mxfp4`` (§7.3): 32-blocks, e8m0 scales; ``rounding="sglang_ceil"`` (sglang's
+    MXFP4QuantizeUtil, ties down, zero encodes as 0x8) or ``"ocp_floor"`` (OCP MX v1.0:
+    floor(log2 amax) − 2, RNE, saturating).
+  - ``quantize_int8_per_token`` / ``quantize_int8_per_channel``: sglang's per_token_quant_int8
+    (Triton): a = max(amax, eps), s = a/127, q = round_half_away_from_zero(x · fp32(127/a)).
+
 * Layout transforms move bytes of any dtype and have exact inverses; sizes count storage units
   (bytes of packed FP4). The MMA view shares memory with its input.
 

@@ -1,5 +1,6 @@
-// Block quantizers and dequantizers (quantize.h). Every entry point validates all of its inputs
-// before computing; work is split over rows with parallel_for, and each row's result depends only
+// Block quantizers and dequantizers (quantize.h): the row kernels (one per sglang rule, scalar fp32
+// in the kernel's operation order, no FMA contraction) and the validated tensor-level entry points
+// built from them. Work is split over rows with parallel_for, and each row's result depends only
 // on that row (per-tensor amax is a max, which is exact), so thread count never changes a bit.
 #include "moecore/formats/quantize.h"
 
@@ -118,14 +119,6 @@ float global_scale_of_row(const std::vector<float>& gs, int64_t r, int64_t rows)
   return gs[static_cast<size_t>(r / (rows / static_cast<int64_t>(gs.size())))];
 }
 
-float round_half_even(float v) {
-  const float fl = std::floor(v);
-  const float d = v - fl;  // exact for |v| < 2^23
-  if (d > 0.5f) return fl + 1.0f;
-  if (d < 0.5f) return fl;
-  return std::fmod(fl, 2.0f) == 0.0f ? fl : fl + 1.0f;
-}
-
 /// Shared driver for "one scale per row" quantizers: q with x's shape, scale [..., R, 1].
 template <typename RowFn>
 QuantizedTensor quantize_rows(const TensorView& x, DType q_dtype, RowFn row_fn) {
@@ -201,18 +194,58 @@ Mxfp4Rounding parse_mxfp4_rounding(const std::string& name) {
 
 float amax_row(const float* x, int64_t n) {
   float m = 0.0f;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));
   return m;
 }
 
-float fp8_dynamic_scale(float amax, float eps, bool ue8m0) {
-  const float s = std::max(amax, eps) / kFp8E4M3Max;
-  if (!ue8m0) return s;
-  return exp2_int(std::max(ceil_log2(s), kE8M0MinExp));
+float amax_rows(const float* x, int64_t m, int64_t n, int64_t ld) {
+  float a = 0.0f;
+  for (int64_t r = 0; r < m; ++r) a = std::fmax(a, amax_row(x + r * ld, n));
+  return a;
 }
 
-void fp8_quantize_row(const float* x, int64_t n, float scale, uint8_t* q) {
-  for (int64_t i = 0; i < n; ++i) q[i] = f32_to_fp8_e4m3(x[i] / scale);
+float fp8_dynamic_scale(float amax, float eps) { return std::fmax(amax, eps) / kFp8E4M3Max; }
+
+float ue8m0_round_up(float s) { return exp2_int(std::max(ceil_log2(s), kE8M0MinExp)); }
+
+float ue8m0_round_up_floored(float s) { return ue8m0_round_up(std::fmax(s, 1e-10f)); }
+
+void fp8_quantize_row_mul(const float* x, int64_t n, float inv, uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i)
+    q[i] = f32_to_fp8_e4m3(std::fmax(std::fmin(x[i] * inv, kFp8E4M3Max), -kFp8E4M3Max));
+}
+
+void fp8_quantize_row_div(const float* x, int64_t n, float s, uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i)
+    q[i] = f32_to_fp8_e4m3(std::fmax(std::fmin(x[i] / s, kFp8E4M3Max), -kFp8E4M3Max));
+}
+
+void fp8_quantize_row_static(const float* x, int64_t n, float scale, uint8_t* q) {
+  fp8_quantize_row_mul(x, n, 1.0f / scale, q);
+}
+
+float fp8_quantize_row_per_token(const float* x, int64_t n, float eps, uint8_t* q) {
+  const float s = fp8_dynamic_scale(amax_row(x, n), eps);
+  fp8_quantize_row_mul(x, n, s == 0.0f ? 0.0f : 1.0f / s, q);
+  return s;
+}
+
+float fp8_group_scale(float amax, float eps, bool ue8m0, Fp8GroupRule rule) {
+  const float s = fp8_dynamic_scale(amax, eps);
+  if (!ue8m0) return s;
+  return rule == Fp8GroupRule::kSglangCuda ? ue8m0_round_up_floored(s) : ue8m0_round_up(s);
+}
+
+float fp8_quantize_group_row(const float* x, int64_t n, float eps, bool ue8m0, Fp8GroupRule rule,
+                             uint8_t* q) {
+  const float s = fp8_group_scale(amax_row(x, n), eps, ue8m0, rule);
+  fp8_quantize_row_div(x, n, s, q);
+  return s;
+}
+
+float fp8_block_scale(float amax, float eps, bool ue8m0) {
+  const float s = fp8_dynamic_scale(amax, eps);
+  return ue8m0 ? ue8m0_round_up(s) : s;
 }
 
 void nvfp4_quantize_row(const float* x, int64_t n, float global_scale, uint8_t* q, uint8_t* sf) {
@@ -261,13 +294,18 @@ void mxfp4_quantize_row(const float* x, int64_t n, Mxfp4Rounding rounding, uint8
   }
 }
 
-void nvfp4_dequantize_row(const uint8_t* q, const uint8_t* sf, int64_t n, float global_scale,
-                          float* out) {
+void nvfp4_code_values_row(const uint8_t* q, const uint8_t* sf, int64_t n, float* out) {
   for (int64_t i = 0; i < n; i += 2) {
     const float s = fp8_e4m3_table()[sf[i / kNvfp4BlockSize]];
-    out[i] = (e2m1_to_f32(e2m1x2_lo(q[i / 2])) * s) / global_scale;
-    out[i + 1] = (e2m1_to_f32(e2m1x2_hi(q[i / 2])) * s) / global_scale;
+    out[i] = e2m1_to_f32(e2m1x2_lo(q[i / 2])) * s;
+    out[i + 1] = e2m1_to_f32(e2m1x2_hi(q[i / 2])) * s;
   }
+}
+
+void nvfp4_dequantize_row(const uint8_t* q, const uint8_t* sf, int64_t n, float global_scale,
+                          float* out) {
+  nvfp4_code_values_row(q, sf, n, out);  // e2m1 · s8 is exact; one rounding for the division
+  for (int64_t i = 0; i < n; ++i) out[i] /= global_scale;
 }
 
 void mxfp4_dequantize_row(const uint8_t* q, const uint8_t* sf, int64_t n, float* out) {
@@ -281,9 +319,15 @@ void mxfp4_dequantize_row(const uint8_t* q, const uint8_t* sf, int64_t n, float*
 void int8_quantize_row(const float* x, int64_t n, float amax, int8_t* q) {
   const float mul = 127.0f / amax;
   for (int64_t i = 0; i < n; ++i) {
-    const float v = std::min(std::max(round_half_even(x[i] * mul), -127.0f), 127.0f);
-    q[i] = static_cast<int8_t>(v);
+    const float r = std::round(x[i] * mul);  // libdevice.round: half away from zero
+    q[i] = static_cast<int8_t>(r != r ? 0.0f : std::fmax(std::fmin(r, 127.0f), -127.0f));
   }
+}
+
+float int8_quantize_row_per_token(const float* x, int64_t n, float eps, int8_t* q) {
+  const float a = std::fmax(amax_row(x, n), eps);
+  int8_quantize_row(x, n, a, q);
+  return a / 127.0f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -426,7 +470,7 @@ Tensor round_scales_ue8m0(const TensorView& scale) {
     for (int64_t c = 0; c < cols; ++c) {
       const int e = ceil_log2(buf[c]);
       MOECORE_CHECK(e <= kE8M0MaxExp, kApi, ": expected scales ≤ 2^127 (E8M0 range), got ", buf[c]);
-      o[r * cols + c] = exp2_int(std::max(e, kE8M0MinExp));
+      o[r * cols + c] = ue8m0_round_up(buf[c]);
     }
   }
   return out;
@@ -524,7 +568,7 @@ Tensor unpack_ue8m0(const TensorView& packed, int64_t groups) {
 
 namespace {
 
-/// q = sat(x / scale) for validated input.
+/// The static per-tensor rule over validated input.
 Tensor fp8_static_unchecked(const TensorView& x, float scale) {
   const Rows rows(x);
   Tensor out = Tensor::empty(shape_of(x), DType::kF8E4M3);
@@ -534,7 +578,7 @@ Tensor fp8_static_unchecked(const TensorView& x, float scale) {
     std::vector<float> buf(static_cast<size_t>(cols));
     for (int64_t r = begin; r < end; ++r) {
       rows.load_f32(r, buf.data());
-      fp8_quantize_row(buf.data(), cols, scale, q + r * cols);
+      fp8_quantize_row_static(buf.data(), cols, scale, q + r * cols);
     }
   });
   return out;
@@ -571,7 +615,7 @@ QuantizedTensor quantize_fp8_per_tensor(const TensorView& x, float eps) {
   });
   float amax = 0.0f;
   for (float m : chunk_max) amax = std::max(amax, m);
-  const float scale = fp8_dynamic_scale(amax, eps, false);
+  const float scale = fp8_dynamic_scale(amax, eps);
   QuantizedTensor out{fp8_static_unchecked(x, scale), Tensor::empty({1}, DType::kF32)};
   out.scale.ptr<float>()[0] = scale;
   return out;
@@ -583,9 +627,7 @@ QuantizedTensor quantize_fp8_per_channel(const TensorView& w, float eps) {
   check_eps(eps, kApi);
   check_finite(w, kApi, "w");
   return quantize_rows(w, DType::kF8E4M3, [eps](const float* x, int64_t n, uint8_t* q) {
-    const float s = fp8_dynamic_scale(amax_row(x, n), eps, false);
-    fp8_quantize_row(x, n, s, q);
-    return s;
+    return fp8_quantize_row_per_token(x, n, eps, q);
   });
 }
 
@@ -595,9 +637,7 @@ QuantizedTensor quantize_fp8_per_token(const TensorView& x, float eps) {
   check_eps(eps, kApi);
   check_finite(x, kApi, "x");
   return quantize_rows(x, DType::kF8E4M3, [eps](const float* v, int64_t n, uint8_t* q) {
-    const float s = fp8_dynamic_scale(amax_row(v, n), eps, false);
-    fp8_quantize_row(v, n, s, q);
-    return s;
+    return fp8_quantize_row_per_token(v, n, eps, q);
   });
 }
 
@@ -626,10 +666,9 @@ QuantizedTensor quantize_fp8_per_token_group(const TensorView& x, int64_t group_
     for (int64_t r = begin; r < end; ++r) {
       rows.load_f32(r, buf.data());
       for (int64_t g = 0; g < groups; ++g) {
-        const float* xg = buf.data() + g * group_size;
-        const float sg = fp8_dynamic_scale(amax_row(xg, group_size), eps, scale_ue8m0);
-        s[r * groups + g] = sg;
-        fp8_quantize_row(xg, group_size, sg, q + r * cols + g * group_size);
+        s[r * groups + g] =
+            fp8_quantize_group_row(buf.data() + g * group_size, group_size, eps, scale_ue8m0,
+                                   Fp8GroupRule::kSglangCuda, q + r * cols + g * group_size);
       }
     }
   });
@@ -667,16 +706,16 @@ QuantizedTensor quantize_fp8_block(const TensorView& w, int64_t block_n, int64_t
         rows.load_f32(r, buf.data());
         for (int64_t j = 0; j < kb; ++j) {
           const int64_t c0 = j * block_k, len = std::min(k, c0 + block_k) - c0;
-          amax[j] = std::max(amax[j], amax_row(buf.data() + c0, len));
+          amax[j] = std::fmax(amax[j], amax_row(buf.data() + c0, len));
         }
       }
       float* srow = s + item * kb;
-      for (int64_t j = 0; j < kb; ++j) srow[j] = fp8_dynamic_scale(amax[j], eps, scale_ue8m0);
+      for (int64_t j = 0; j < kb; ++j) srow[j] = fp8_block_scale(amax[j], eps, scale_ue8m0);
       for (int64_t r = r0; r < r1; ++r) {
         rows.load_f32(r, buf.data());
         for (int64_t j = 0; j < kb; ++j) {
           const int64_t c0 = j * block_k, len = std::min(k, c0 + block_k) - c0;
-          fp8_quantize_row(buf.data() + c0, len, srow[j], q + r * k + c0);
+          fp8_quantize_row_mul(buf.data() + c0, len, 1.0f / srow[j], q + r * k + c0);
         }
       }
     }
@@ -973,9 +1012,7 @@ QuantizedTensor quantize_int8_rows(const TensorView& x, float eps, const char* a
   check_eps(eps, api);
   check_finite(x, api, what);
   return quantize_rows(x, DType::kI8, [eps](const float* v, int64_t n, uint8_t* q) {
-    const float amax = std::max(amax_row(v, n), eps);
-    int8_quantize_row(v, n, amax, reinterpret_cast<int8_t*>(q));
-    return amax / 127.0f;
+    return int8_quantize_row_per_token(v, n, eps, reinterpret_cast<int8_t*>(q));
   });
 }
 

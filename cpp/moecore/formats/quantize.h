@@ -1,9 +1,10 @@
-// Block quantizers and dequantizers for FP8 (E4M3), NVFP4, MXFP4 and INT8, bit-exact against the
-// numpy twins in python/moecore/reference/quant.py. Tensor-level functions validate everything
-// (dtypes, shapes, block divisibility, scale values, finite input) before writing and return new
-// row-major Tensors; the *_row kernels at the end are the unchecked hot-path pieces they are made
-// of. All arithmetic is fp32 (inputs f32, f16 or bf16 are widened exactly); results never depend on
-// the thread count. Rules and rounding orders follow spec §7.2–§7.4; each function names its own.
+// Block quantizers and dequantizers for FP8 (E4M3), NVFP4, MXFP4 and INT8: every quantization rule
+// of moecore exists once here, in the fp32 operation order of the sglang kernel it names, and the
+// backends (runner/quant_compute, runner/backends/flashinfer_moe_common, quant/fp8) call the same
+// *_row kernels as the tensor-level functions. Tensor-level functions validate everything (dtypes,
+// shapes, block divisibility, scale values, finite input) before writing and return new row-major
+// Tensors; results never depend on the thread count. Numpy twins:
+// python/moecore/reference/quant.py.
 #pragma once
 
 #include <cstdint>
@@ -83,27 +84,39 @@ Tensor unpack_ue8m0(const TensorView& packed, int64_t groups);
 
 // ---------------------------------------------------------------------------------------------
 // FP8 E4M3 (spec §7.4). Codes are kF8E4M3 with the input's shape; scales are f32 dequant
-// multipliers (x ≈ q · s). Every rule computes q = sat_e4m3(x / s) in fp32 (division, then RNE with
-// saturation to ±448). Dynamic scales are s = max(amax, eps) / 448 (eps > 0 and finite).
+// multipliers (x ≈ q · s). Dynamic scales are s = max(amax, eps) / 448 (eps > 0 and finite;
+// sglang's per-tensor / per-token CUDA kernels have no eps, which only differs for an all-zero
+// input). Static, per-tensor, per-channel / per-token and block rules multiply by fp32(1/s)
+// (sgl-kernel's per_tensor_quant_fp8 / per_token_quant_fp8, DeepGEMM's per_block_cast_to_fp8); the
+// per-token-group rule divides by s (sgl-kernel's per_token_group_quant_8bit). Codes:
+// e4m3_rne(clamp(v, ±448)).
 
-/// Static per-tensor: q = sat(x / scale) with a given scale (finite, > 0).
+/// Static per-tensor (scaled_fp8_quant(x, scale)): q = e4m3(clamp(x · fp32(1/scale))), scale
+/// finite and > 0.
 Tensor quantize_fp8_static(const TensorView& x, float scale);
-/// Dynamic per-tensor: one scale over all of x; scale f32 [1].
+/// Dynamic per-tensor (scaled_fp8_quant(x)): s = max(amax(x), eps)/448 over all of x, then the
+/// static rule; scale f32 [1].
 QuantizedTensor quantize_fp8_per_tensor(const TensorView& x, float eps = kDefaultMinAmax);
-/// Per output channel of a weight [..., N, K]: one scale per row; scale f32 [..., N, 1].
+/// Per output channel of a weight [..., N, K] (sglang quantizes per-channel weights with the
+/// per-token kernel): one scale per row; scale f32 [..., N, 1].
 QuantizedTensor quantize_fp8_per_channel(const TensorView& w, float eps = kDefaultMinAmax);
-/// Per token of an activation [..., T, H]: one scale per row; scale f32 [..., T, 1] (sglang's
-/// per_token_quant_fp8 shape). Same math as per-channel.
+/// Per token of an activation [..., T, H] (scaled_fp8_quant(x, use_per_token_if_dynamic=True),
+/// sgl-kernel per_token_quant_fp8): s = max(amax_row, eps)/448, q = e4m3(clamp(x · fp32(1/s)));
+/// scale f32 [..., T, 1]. Same rule as per-channel.
 QuantizedTensor quantize_fp8_per_token(const TensorView& x, float eps = kDefaultMinAmax);
-/// Per token group (1×G along the last dim, DeepSeek-V3 activations): x [..., K] with
-/// K % group_size == 0 → scale f32 [..., K/G]. With `scale_ue8m0` each scale is first rounded up
-/// to a power of two (sglang's scale_ue8m0 / DeepGEMM on Blackwell), then q = sat(x / s').
+/// Per token group (1×G along the last dim, DeepSeek-V3 activations;
+/// sglang_per_token_group_quant_fp8 → sgl-kernel per_token_group_quant_8bit): x [..., K] with
+/// K % group_size == 0 → scale f32 [..., K/G]. s = max(amax, eps)/448; with `scale_ue8m0`,
+/// s = 2^ceil(log2 max(s, 1e-10)) (the CUDA kernel's floor); q = e4m3(clamp(x / s)) (a division).
+/// DeepGEMM's silu post-quant group rule differs only in its UE8M0 step
+/// (Fp8GroupRule::kDeepGemmSiluPost, row kernels below).
 QuantizedTensor quantize_fp8_per_token_group(const TensorView& x,
                                              int64_t group_size = kFp8GroupSize,
                                              float eps = kDefaultMinAmax, bool scale_ue8m0 = false);
-/// 2-D blocks of a weight w [..., N, K] (typically [E, N, K], 128×128): one scale per
-/// block_n × block_k tile; edge tiles may be partial (N, K need not be multiples). Scale
-/// ("weight_scale_inv", the dequant multiplier) f32 [..., ⌈N/bn⌉, ⌈K/bk⌉].
+/// 2-D blocks of a weight w [..., N, K] (typically [E, N, K], 128×128; DeepGEMM's
+/// per_block_cast_to_fp8, whose amax clamp is our eps): one scale per block_n × block_k tile, edge
+/// tiles may be partial. s = max(amax, eps)/448 (UE8M0: 2^ceil(log2 s)), q = e4m3(clamp(x ·
+/// fp32(1/s))). Scale ("weight_scale_inv", the dequant multiplier) f32 [..., ⌈N/bn⌉, ⌈K/bk⌉].
 QuantizedTensor quantize_fp8_block(const TensorView& w, int64_t block_n = kFp8WeightBlock,
                                    int64_t block_k = kFp8WeightBlock, float eps = kDefaultMinAmax,
                                    bool scale_ue8m0 = false);
@@ -165,8 +178,8 @@ Tensor dequantize_mxfp4(const TensorView& q, const TensorView& scale,
                         DType out_dtype = DType::kF32);
 
 // ---------------------------------------------------------------------------------------------
-// INT8 symmetric (sglang's w8a8 int8 reference): s = max(amax, eps) / 127,
-// q = clamp(round_half_even(x · (127 / max(amax, eps))), −127, 127), codes kI8.
+// INT8 symmetric per row (sglang's per_token_quant_int8 Triton kernel): a = max(amax, eps),
+// s = a / 127, q = round_half_away_from_zero(x · fp32(127 / a)) (libdevice.round), codes kI8.
 
 /// Per output channel of a weight [..., N, K]: scale f32 [..., N, 1].
 QuantizedTensor quantize_int8_per_channel(const TensorView& w, float eps = kDefaultMinAmax);
@@ -177,25 +190,72 @@ Tensor dequantize_int8_per_row(const TensorView& q, const TensorView& scale,
                                DType out_dtype = DType::kF32);
 
 // ---------------------------------------------------------------------------------------------
-// Unchecked row kernels (hot paths; the functions above call them). fp32 in, codes out; the
-// caller guarantees sizes, finite input and valid scales.
+// Row kernels: the rules themselves (hot paths; the functions above and the backends call them).
+// Unchecked: fp32 in, codes out; the caller guarantees sizes and scales. NaN follows CUDA
+// fminf/fmaxf: amax ignores NaN and the FP8 clamp turns NaN into +448, as sglang's kernels do.
 
-/// q[i] = sat_e4m3(x[i] / scale).
-void fp8_quantize_row(const float* x, int64_t n, float scale, uint8_t* q);
-/// max |x[i]| over n values (0 for n = 0).
+/// max |x[i]| over n values, NaN ignored (fmaxf); 0 for n = 0.
 float amax_row(const float* x, int64_t n);
-/// s = max(amax, eps) / 448, rounded up to a power of two when `ue8m0`.
-float fp8_dynamic_scale(float amax, float eps, bool ue8m0);
-/// One NVFP4 row: n % 16 == 0, q gets n/2 bytes, sf n/16 E4M3 bytes.
+/// max |x| over m rows of n values with row stride ld (NaN ignored); 0 for no rows.
+float amax_rows(const float* x, int64_t m, int64_t n, int64_t ld);
+
+/// The dynamic FP8 scale of every rule: max(amax, eps) / 448 in fp32. eps = 0 is sgl-kernel's
+/// per_tensor_absmax / per_token_quant_fp8 (no floor).
+float fp8_dynamic_scale(float amax, float eps);
+/// UE8M0 rounding 2^ceil(log2 s) of a scale s > 0 (DeepGEMM's ceil_to_ue8m0 and the Triton
+/// _silu_and_mul_post_quant_kernel's exp2(ceil(log2|s|))), clamped below at 2^−127 (the smallest
+/// E8M0; unreachable from fp8_dynamic_scale with eps ≥ 1e−36).
+float ue8m0_round_up(float s);
+/// sgl-kernel per_token_group_quant_8bit's UE8M0 rounding: 2^ceil(log2 max(s, 1e−10)).
+float ue8m0_round_up_floored(float s);
+
+/// The multiply step of sgl-kernel's per_tensor_quant_fp8 / per_token_quant_fp8 (and FlashInfer's
+/// FP8 input quantizer): q[i] = e4m3_rne(fmaxf(fminf(x[i] · inv, 448), −448)).
+void fp8_quantize_row_mul(const float* x, int64_t n, float inv, uint8_t* q);
+/// The divide step of the per-token-group kernels: q[i] = e4m3_rne(clamp(x[i] / s, ±448)).
+void fp8_quantize_row_div(const float* x, int64_t n, float s, uint8_t* q);
+/// Static per-tensor rule: inv = fp32(1 / scale), then fp8_quantize_row_mul (scale 0 gives
+/// inv = inf and +448 codes, as on the GPU).
+void fp8_quantize_row_static(const float* x, int64_t n, float scale, uint8_t* q);
+/// Dynamic per-token rule (per_token_quant_fp8): s = fp8_dynamic_scale(amax_row, eps),
+/// inv = s == 0 ? 0 : 1/s, fp8_quantize_row_mul. Returns s. eps = 0: sglang's kernel exactly.
+float fp8_quantize_row_per_token(const float* x, int64_t n, float eps, uint8_t* q);
+
+/// The two sglang per-token-group FP8 rules. Both: s = max(amax, eps)/448, q = clamp(x / s).
+enum class Fp8GroupRule {
+  /// sglang_per_token_group_quant_fp8 → sgl-kernel per_token_group_quant_8bit (CUDA): UE8M0 is
+  /// ue8m0_round_up_floored (floor 1e−10).
+  kSglangCuda,
+  /// DeepGEMM's _silu_and_mul_post_quant_kernel (Triton, eps fixed at 1e−10): UE8M0 is
+  /// ue8m0_round_up (no floor).
+  kDeepGemmSiluPost,
+};
+/// The scale of one group under `rule`.
+float fp8_group_scale(float amax, float eps, bool ue8m0, Fp8GroupRule rule);
+/// One group of n values: s = fp8_group_scale(amax_row, …), fp8_quantize_row_div. Returns s.
+float fp8_quantize_group_row(const float* x, int64_t n, float eps, bool ue8m0, Fp8GroupRule rule,
+                             uint8_t* q);
+/// DeepGEMM per_block_cast_to_fp8's tile scale: fp8_dynamic_scale(amax, eps), ue8m0_round_up when
+/// `ue8m0`. Elements are then quantized with fp8_quantize_row_mul(inv = 1/s).
+float fp8_block_scale(float amax, float eps, bool ue8m0);
+
+/// One NVFP4 row (sgl-kernel cvt_warp_fp16_to_fp4 / ref_nvfp4_quant): n % 16 == 0, q gets n/2
+/// bytes, sf n/16 E4M3 bytes.
 void nvfp4_quantize_row(const float* x, int64_t n, float global_scale, uint8_t* q, uint8_t* sf);
-/// One MXFP4 row: n % 32 == 0, q gets n/2 bytes, sf n/32 E8M0 bytes.
-void mxfp4_quantize_row(const float* x, int64_t n, Mxfp4Rounding rounding, uint8_t* q, uint8_t* sf);
+/// The exact code values e2m1 · s8 of one NVFP4 row (n % 16 == 0), without the 1/gs factor (what
+/// the FlashInfer GEMMs multiply; alpha carries 1/gs).
+void nvfp4_code_values_row(const uint8_t* q, const uint8_t* sf, int64_t n, float* out);
 /// out[i] = (e2m1 · s8) / gs for n values (n % 16 == 0).
 void nvfp4_dequantize_row(const uint8_t* q, const uint8_t* sf, int64_t n, float global_scale,
                           float* out);
+/// One MXFP4 row: n % 32 == 0, q gets n/2 bytes, sf n/32 E8M0 bytes.
+void mxfp4_quantize_row(const float* x, int64_t n, Mxfp4Rounding rounding, uint8_t* q, uint8_t* sf);
 /// out[i] = e2m1 · 2^(e − 127) for n values (n % 32 == 0).
 void mxfp4_dequantize_row(const uint8_t* q, const uint8_t* sf, int64_t n, float* out);
-/// Symmetric INT8 row with the given amax (> 0): q[i] = clamp(rne(x[i] · (127 / amax)), ±127).
+/// sglang's per_token_quant_int8 with a given a = max(amax, eps) > 0: q[i] =
+/// round_half_away(x[i] · fp32(127 / a)), clamped to ±127 (never reached by finite x); NaN → 0.
 void int8_quantize_row(const float* x, int64_t n, float amax, int8_t* q);
+/// The whole per-token INT8 rule: a = max(amax_row, eps), int8_quantize_row; returns s = a / 127.
+float int8_quantize_row_per_token(const float* x, int64_t n, float eps, int8_t* q);
 
 }  // namespace moecore

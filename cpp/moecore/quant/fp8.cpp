@@ -105,7 +105,7 @@ Tensor requantize_w13_to_max_scale(const Tensor& w13, const Tensor& shard_scales
           uint8_t* q = const_cast<uint8_t*>(row_of(w13, e, r));
           // per_tensor_dequantize: fp16(q) · scale → an fp16 result (one rounding).
           for (int64_t i = 0; i < H; ++i) dq[i] = round_to(DType::kF16, table[q[i]] * own);
-          fp8_quant_scaled_row(dq.data(), H, smax, q);
+          fp8_quantize_row_static(dq.data(), H, smax, q);
         }
       }
     }
@@ -121,9 +121,9 @@ Tensor quantize_per_expert(const Tensor& w, Tensor* scale) {
     std::vector<float> x(static_cast<size_t>(n));
     for (int64_t e = begin; e < end; ++e) {
       load_f32(w.view().at({e, 0, 0}), w.dtype(), n, x.data());
-      const float s = fp8_per_tensor_scale(amax_rows(x.data(), 1, n, n));
+      const float s = fp8_dynamic_scale(amax_row(x.data(), n), 0.0f);  // scaled_fp8_quant: no eps
       scale->ptr<float>()[e] = s;
-      fp8_quant_scaled_row(x.data(), n, s, q.ptr<uint8_t>() + e * n);
+      fp8_quantize_row_static(x.data(), n, s, q.ptr<uint8_t>() + e * n);
     }
   });
   return q;
@@ -137,7 +137,8 @@ Tensor quantize_per_channel(const Tensor& w, Tensor* scale) {
     std::vector<float> x(static_cast<size_t>(K));
     for (int64_t r = begin; r < end; ++r) {
       load_f32(w.view().at({r / N, r % N, 0}), w.dtype(), K, x.data());
-      scale->ptr<float>()[r] = fp8_quant_per_token_row(x.data(), K, q.ptr<uint8_t>() + r * K);
+      scale->ptr<float>()[r] =
+          fp8_quantize_row_per_token(x.data(), K, 0.0f, q.ptr<uint8_t>() + r * K);
     }
   });
   return q;
@@ -164,13 +165,11 @@ Tensor requantize_block_ue8m0(const Tensor& w, const Tensor& scale) {
           amax = std::max(amax, std::fabs(v));
         }
       // per_block_cast_to_fp8: amax clamped at 1e-4, scale rounded up to a power of two.
-      const float sf = exp2_int(ceil_log2(std::max(amax, 1e-4f) / kFp8E4M3Max));
-      const float inv = 1.0f / sf;
+      const float sf = fp8_block_scale(amax, 1e-4f, /*ue8m0=*/true);
       out.ptr<float>()[t] = sf;
-      for (int64_t r = 0; r < rows; ++r) {
-        uint8_t* q = const_cast<uint8_t*>(row_of(w, e, r0 + r)) + c0;
-        for (int64_t c = 0; c < cols; ++c) q[c] = f32_to_fp8_e4m3(tile[r * B + c] * inv);
-      }
+      for (int64_t r = 0; r < rows; ++r)
+        fp8_quantize_row_mul(tile.data() + r * B, cols, 1.0f / sf,
+                             const_cast<uint8_t*>(row_of(w, e, r0 + r)) + c0);
     }
   });
   return out;

@@ -1,23 +1,45 @@
-// sglang's 8-bit activation quantizers and the scale checks of the 8-bit backends (see
-// quant_compute.h). Scalar fp32 code in the kernels' operation order; no FMA contraction.
+// The 8-bit activation-quantizer plumbing and scale checks (see quant_compute.h). Every rule is a
+// formats row kernel (moecore/formats/quantize.h); this file only picks it per ActQuant.
 #include "moecore/runner/quant_compute.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
-#include "moecore/formats/e8m0.h"
 #include "moecore/formats/fp8.h"
 #include "moecore/kernels/convert.h"
 
 namespace moecore {
 namespace {
 
-// CUDA's fmax(fmin(v, 448), −448): NaN becomes +448 (fminf returns the non-NaN operand).
-inline uint8_t e4m3_clamped(float v) {
-  return f32_to_fp8_e4m3(std::fmax(std::fmin(v, kFp8E4M3Max), -kFp8E4M3Max));
+// One row of k values under `rule` → codes q (E4M3 bytes, or int8 for kInt8PerToken) and its
+// scales (one, or ⌈k/group⌉ for the group rules). static_scale: the per-tensor scale.
+void quantize_row(ActQuant rule, const float* row, int64_t k, float static_scale, int64_t group,
+                  bool ue8m0, uint8_t* q, float* scales) {
+  switch (rule) {
+    case ActQuant::kFp8Static:
+    case ActQuant::kFp8PerTensorDynamic:
+      fp8_quantize_row_static(row, k, static_scale, q);
+      scales[0] = static_scale;
+      return;
+    case ActQuant::kFp8PerToken:  // sgl-kernel per_token_quant_fp8 has no eps
+      scales[0] = fp8_quantize_row_per_token(row, k, 0.0f, q);
+      return;
+    case ActQuant::kFp8PerTokenGroup:
+    case ActQuant::kFp8SiluPostGroup:
+      for (int64_t b = 0, k0 = 0; k0 < k; ++b, k0 += group)
+        scales[b] = fp8_quantize_group_row(row + k0, std::min(group, k - k0), kActQuantEps, ue8m0,
+                                           fp8_group_rule(rule), q + k0);
+      return;
+    case ActQuant::kInt8PerToken:
+      scales[0] = int8_quantize_row_per_token(row, k, kActQuantEps, reinterpret_cast<int8_t*>(q));
+      return;
+    case ActQuant::kNone:
+      return;
+  }
 }
 
 // Offset (in elements) of the flat index i of a strided view, row-major order.
@@ -73,49 +95,9 @@ ActQuant parse_act_quant(const std::string& name) {
                 name, "'");
 }
 
-void fp8_quant_scaled_row(const float* x, int64_t n, float scale, uint8_t* q) {
-  const float inv = 1.0f / scale;
-  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_clamped(x[i] * inv);
-}
-
-float fp8_per_tensor_scale(float amax) { return amax / kFp8E4M3Max; }
-
-float fp8_quant_per_token_row(const float* x, int64_t n, uint8_t* q) {
-  const float s = amax_rows(x, 1, n, n) / kFp8E4M3Max;
-  const float inv = s == 0.0f ? 0.0f : 1.0f / s;
-  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_clamped(x[i] * inv);
-  return s;
-}
-
-float fp8_quant_group(const float* x, int64_t n, bool ue8m0, ActQuant rule, uint8_t* q) {
-  float a = kActQuantEps;
-  for (int64_t i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[i]));
-  float s = a / kFp8E4M3Max;
-  if (ue8m0) {
-    const float floored = rule == ActQuant::kFp8PerTokenGroup ? std::fmax(s, kActQuantEps) : s;
-    s = exp2_int(ceil_log2(floored));
-  }
-  for (int64_t i = 0; i < n; ++i) q[i] = e4m3_clamped(x[i] / s);
-  return s;
-}
-
-float int8_quant_per_token_row(const float* x, int64_t n, int8_t* q) {
-  const float a = std::fmax(amax_rows(x, 1, n, n), kActQuantEps);
-  const float s = a / 127.0f;
-  const float mul = 127.0f / a;
-  for (int64_t i = 0; i < n; ++i) {
-    const float r = std::round(x[i] * mul);  // libdevice.round: half away from zero
-    // Finite inputs stay within ±127; NaN (undefined in sglang's cast) becomes 0.
-    q[i] = static_cast<int8_t>(r != r ? 0.0f : std::fmax(std::fmin(r, 127.0f), -128.0f));
-  }
-  return s;
-}
-
-float amax_rows(const float* x, int64_t m, int64_t n, int64_t ld) {
-  float a = 0.0f;
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[r * ld + i]));
-  return a;
+Fp8GroupRule fp8_group_rule(ActQuant rule) {
+  return rule == ActQuant::kFp8SiluPostGroup ? Fp8GroupRule::kDeepGemmSiluPost
+                                             : Fp8GroupRule::kSglangCuda;
 }
 
 int64_t act_scales_per_row(ActQuant rule, int64_t k, int64_t group) {
@@ -131,36 +113,15 @@ ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale, int64_
                                             float* scales) {
     thread_local std::vector<uint8_t> q;
     q.resize(static_cast<size_t>(k));
+    const int64_t per_row = act_scales_per_row(rule, k, group);
     const float* table = fp8_e4m3_table();
     for (int64_t r = 0; r < m; ++r) {
       float* row = rows + r * ld;
-      switch (rule) {
-        case ActQuant::kFp8Static:
-        case ActQuant::kFp8PerTensorDynamic:
-          fp8_quant_scaled_row(row, k, static_scale, q.data());
-          scales[r] = static_scale;
-          break;
-        case ActQuant::kFp8PerToken:
-          scales[r] = fp8_quant_per_token_row(row, k, q.data());
-          break;
-        case ActQuant::kFp8PerTokenGroup:
-        case ActQuant::kFp8SiluPostGroup: {
-          const int64_t nb = (k + group - 1) / group;
-          for (int64_t b = 0; b < nb; ++b) {
-            const int64_t k0 = b * group, len = std::min(group, k - k0);
-            scales[r * nb + b] = fp8_quant_group(row + k0, len, ue8m0, rule, q.data() + k0);
-          }
-          break;
-        }
-        case ActQuant::kInt8PerToken: {
-          scales[r] = int8_quant_per_token_row(row, k, reinterpret_cast<int8_t*>(q.data()));
-          for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(static_cast<int8_t>(q[i]));
-          continue;
-        }
-        case ActQuant::kNone:
-          return;
-      }
-      for (int64_t i = 0; i < k; ++i) row[i] = table[q[i]];
+      quantize_row(rule, row, k, static_scale, group, ue8m0, q.data(), scales + r * per_row);
+      if (rule == ActQuant::kInt8PerToken)
+        for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(static_cast<int8_t>(q[i]));
+      else
+        for (int64_t i = 0; i < k; ++i) row[i] = table[q[i]];
     }
   };
 }
@@ -190,36 +151,18 @@ ActQuantResult quantize_activation(const TensorView& x, ActQuant rule, float sca
                   : Tensor::empty({rows, nb}, DType::kF32);
   std::vector<float> buf(static_cast<size_t>(rows * k));
   for (int64_t r = 0; r < rows; ++r) load_f32(x.at({r, 0}), x.dtype, k, buf.data() + r * k);
-  if (rule == ActQuant::kFp8PerTensorDynamic)
-    scale = fp8_per_tensor_scale(amax_rows(buf.data(), rows, k, k));
+  if (rule == ActQuant::kFp8PerTensorDynamic)  // sgl-kernel per_tensor_absmax: no eps
+    scale = fp8_dynamic_scale(amax_rows(buf.data(), rows, k, k), 0.0f);
   if (rule == ActQuant::kFp8Static || rule == ActQuant::kFp8PerTensorDynamic)
     out.scale.ptr<float>()[0] = scale;
   uint8_t* q = out.q.ptr<uint8_t>();
   float* s = out.scale.ptr<float>();
+  const bool per_tensor = rule == ActQuant::kFp8Static || rule == ActQuant::kFp8PerTensorDynamic;
   parallel_for(rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = buf.data() + r * k;
-      uint8_t* qr = q + r * k;
-      switch (rule) {
-        case ActQuant::kFp8Static:
-        case ActQuant::kFp8PerTensorDynamic:
-          fp8_quant_scaled_row(row, k, scale, qr);
-          break;
-        case ActQuant::kFp8PerToken:
-          s[r] = fp8_quant_per_token_row(row, k, qr);
-          break;
-        case ActQuant::kFp8PerTokenGroup:
-        case ActQuant::kFp8SiluPostGroup:
-          for (int64_t b = 0; b < nb; ++b)
-            s[r * nb + b] = fp8_quant_group(row + b * group, group, ue8m0, rule, qr + b * group);
-          break;
-        case ActQuant::kInt8PerToken:
-          s[r] = int8_quant_per_token_row(row, k, reinterpret_cast<int8_t*>(qr));
-          break;
-        case ActQuant::kNone:
-          break;
-      }
-    }
+    float unused;
+    for (int64_t r = begin; r < end; ++r)
+      quantize_row(rule, buf.data() + r * k, k, scale, group, ue8m0, q + r * k,
+                   per_tensor ? &unused : s + r * nb);
   });
   return out;
 }

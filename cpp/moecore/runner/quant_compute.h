@@ -1,13 +1,16 @@
-// sglang's activation quantizers for the 8-bit MoE paths (FP8 E4M3 and INT8), as exact scalar
-// kernels that the triton and deep_gemm backends share, plus the scale checks of those backends.
-// Every rule repeats the fp32 operation order of the sglang kernel it names, so the numpy twins in
-// python/moecore/reference/moe_fp8.py reproduce the codes bit for bit. Rows are quantized one at a
-// time (batch invariance); only the per-tensor dynamic scale looks at a whole batch.
+// The activation-quantizer plumbing of the 8-bit MoE paths (triton, deep_gemm): which sglang rule
+// quantizes a GEMM input (ActQuant), the ActivationQuantizer callback and a validated tensor-level
+// entry point over it, plus the scale checks of those backends. The rules themselves live once in
+// moecore/formats/quantize.h (row kernels); nothing here does quantization arithmetic of its own.
+// Rows are quantized one at a time (batch invariance); only the per-tensor dynamic scale looks at
+// a whole batch, and the caller computes it.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "moecore/core/tensor.h"
+#include "moecore/formats/quantize.h"
 #include "moecore/runner/expert_compute.h"
 
 namespace moecore {
@@ -16,43 +19,30 @@ namespace moecore {
 constexpr float kActQuantEps = 1e-10f;
 
 /// How a GEMM input is quantized (sglang fused_moe_triton invoke_fused_moe_kernel and the
-/// DeepGEMM masked flow).
+/// DeepGEMM masked flow), and the formats row kernel each rule runs.
 enum class ActQuant {
   kNone,                 // used as it is (W8A16, unquantized)
-  kFp8Static,            // scaled_fp8_quant(A, scale): one given scale
-  kFp8PerTensorDynamic,  // scaled_fp8_quant(A): s = amax(A)/448 over the whole A (batch-dependent)
-  kFp8PerToken,          // scaled_fp8_quant(A, use_per_token_if_dynamic=True)
-  kFp8PerTokenGroup,     // sglang_per_token_group_quant_fp8(A, group) (CUDA kernel rule)
-  kFp8SiluPostGroup,     // DeepGEMM _silu_and_mul_post_quant_kernel's group rule (Triton)
-  kInt8PerToken,         // per_token_quant_int8(A)
+  kFp8Static,            // scaled_fp8_quant(A, scale): fp8_quantize_row_static
+  kFp8PerTensorDynamic,  // scaled_fp8_quant(A): s = fp8_dynamic_scale(amax(A), 0) over the whole
+                         // A (batch-dependent, computed by the caller), then as static
+  kFp8PerToken,          // scaled_fp8_quant(A, use_per_token_if_dynamic=True):
+                         // fp8_quantize_row_per_token with eps 0
+  kFp8PerTokenGroup,     // sglang_per_token_group_quant_fp8(A, group): fp8_quantize_group_row,
+                         // Fp8GroupRule::kSglangCuda, eps 1e-10
+  kFp8SiluPostGroup,     // DeepGEMM _silu_and_mul_post_quant_kernel: fp8_quantize_group_row,
+                         // Fp8GroupRule::kDeepGemmSiluPost, eps 1e-10
+  kInt8PerToken,         // per_token_quant_int8(A): int8_quantize_row_per_token, eps 1e-10
 };
 const char* act_quant_name(ActQuant q);
 
-// ---------------------------------------------------------------------------------------------
-// Row kernels (unchecked; fp32 in, E4M3 / INT8 codes out). NaN inputs follow CUDA fminf/fmaxf:
-// the clamp turns NaN into +448 (as sglang's kernels do).
-
-/// sglang's static per-tensor rule (jit per_tensor_quant_fp8, is_static): inv = 1/scale in fp32,
-/// q = e4m3(fmax(fmin(x·inv, 448), −448)) with RNE. Also the dynamic per-tensor rule once the
-/// scale amax/448 is known (inv = inf for scale 0 gives NaN → +448 codes, as on the GPU).
-void fp8_quant_scaled_row(const float* x, int64_t n, float scale, uint8_t* q);
-/// amax/448 (the dynamic per-tensor scale; no eps, as the jit absmax kernel).
-float fp8_per_tensor_scale(float amax);
-/// sglang's dynamic per-token rule (jit per_token_quant_fp8): s = amax/448 (no eps),
-/// inv = s == 0 ? 0 : 1/s, q = e4m3(clamp(x·inv, ±448)). Returns s.
-float fp8_quant_per_token_row(const float* x, int64_t n, uint8_t* q);
-/// A per-token-group rule over `n` values of one group. Returns the group scale s and writes
-/// q = e4m3(clamp(x / s, ±448)) (a division, as both kernels). a = max(max|x|, 1e-10),
-/// s = a / 448; with ue8m0, s = 2^ceil(log2 s') where s' = max(s, 1e-10) for kFp8PerTokenGroup
-/// (sglang per_token_group_quant_8bit CUDA) and s' = s for kFp8SiluPostGroup (the Triton
-/// _silu_and_mul_post_quant_kernel).
-float fp8_quant_group(const float* x, int64_t n, bool ue8m0, ActQuant rule, uint8_t* q);
-/// sglang's per_token_quant_int8 (Triton): a = max(max|x|, 1e-10), s = a/127 (fp32 division),
-/// q = round_half_away_from_zero(x · (127/a)) (libdevice.round), written as int8. Returns s.
-float int8_quant_per_token_row(const float* x, int64_t n, int8_t* q);
-
-/// max |x| over m rows of n values (stride ld), NaN ignored (fmaxf); 0 for no rows.
-float amax_rows(const float* x, int64_t m, int64_t n, int64_t ld);
+/// The formats group rule of a group ActQuant (kFp8PerTokenGroup → kSglangCuda,
+/// kFp8SiluPostGroup → kDeepGemmSiluPost).
+Fp8GroupRule fp8_group_rule(ActQuant rule);
+/// Compatibility name (deep_gemm.cpp): one group of n values under a group ActQuant with sglang's
+/// eps 1e-10 — formats' fp8_quantize_group_row. Returns the scale.
+inline float fp8_quant_group(const float* x, int64_t n, bool ue8m0, ActQuant rule, uint8_t* q) {
+  return fp8_quantize_group_row(x, n, kActQuantEps, ue8m0, fp8_group_rule(rule), q);
+}
 
 /// The quantizer callback of one GEMM input (expert_compute.h's contract): quantizes each row
 /// of fp32 values in place to decoded codes (fp32 values of E4M3/INT8) and writes scales

@@ -1,9 +1,11 @@
 """Golden numpy twins of moecore's 8-bit MoE contracts (FP8 E4M3 and INT8).
 
-The twin of cpp/moecore/runner/quant_compute.cpp (sglang's activation quantizers), the quantized
+The activation-rule dispatch of cpp/moecore/runner/quant_compute.cpp (the rules themselves are
+``moecore.reference.quant``'s, one function per sglang kernel, as in formats/quantize.h), the quantized
 contract of cpp/moecore/runner/backends/triton.cpp, cpp/moecore/runner/backends/deep_gemm.cpp
-(preprocess, masked expert compute, post_reorder) and the weight processing of
-cpp/moecore/quant/{fp8,modelopt_fp8}.cpp. Must never import the compiled extension or torch.
+(preprocess, the expert compute on the masked and contiguous layouts, post_reorder) and the
+weight processing of cpp/moecore/quant/{fp8,modelopt_fp8}.cpp. Must never import the compiled
+extension or torch.
 
 Bit-exact parts repeat the kernels' float32 operation order with float32 numpy arithmetic (IEEE,
 round to nearest even): every activation quantizer, the weight requantizers, the DeepGEMM
@@ -21,7 +23,18 @@ import numpy as np
 
 from ..dtypes import round_to
 from .moe import _gated_activation, _Rounder, _sum_slots, activation_ref
-from .quant import ceil_log2_ref, decode_fp8_ref, encode_fp8_ref, pow2_f32
+from .quant import (
+    amax_ref,
+    as_f32,
+    decode_fp8_ref,
+    fp8_block_scale_ref,
+    fp8_dynamic_scale_ref,
+    fp8_group_rule_ref,
+    fp8_per_token_rule_ref,
+    fp8_quantize_mul_rule_ref,
+    fp8_static_rule_ref,
+    int8_per_token_rule_ref,
+)
 
 __all__ = [
     "ACT_QUANT_RULES",
@@ -37,12 +50,14 @@ __all__ = [
     "deep_gemm_preprocess_ref",
     "deep_gemm_post_reorder_ref",
     "deep_gemm_moe_ref",
+    "deep_gemm_masked_core_ref",
+    "deep_gemm_contiguous_core_ref",
+    "contiguous_segments_ref",
     "modelopt_cutlass_scales_ref",
     "pad_intermediate_ref",
 ]
 
 F32 = np.float32
-FP8_MAX = F32(448.0)
 EPS = F32(1e-10)
 DEEP_GEMM_BLOCK = 128
 
@@ -54,67 +69,8 @@ ACT_QUANT_RULES = ("fp8_static", "fp8_per_tensor", "fp8_per_token", "fp8_per_tok
 # Activation quantizers (quant_compute.h), float32 in sglang's operation order.
 
 
-def _rows_f32(x) -> np.ndarray:
-    x = np.asarray(x)
-    if x.dtype.name == "bfloat16" or x.dtype == np.float16:
-        return x.astype(F32)
-    return np.asarray(x, dtype=F32)
-
-
-def _e4m3_clamped(v) -> np.ndarray:
-    """CUDA fmax(fmin(v, 448), −448) then e4m3 RNE: NaN becomes +448 (fmin drops NaN)."""
-    v = np.fmax(np.fmin(np.asarray(v, F32), FP8_MAX), -FP8_MAX)
-    return encode_fp8_ref(v)
-
-
-def _amax(x, axis=None, keepdims=False):
-    """max |x| with NaN ignored (fmaxf), 0 for empty input."""
-    a = np.abs(np.asarray(x, F32))
-    if a.size == 0:
-        shape = () if axis is None else tuple(1 if keepdims and i == axis % a.ndim else s
-                                              for i, s in enumerate(a.shape)
-                                              if keepdims or i != axis % a.ndim)
-        return np.zeros(shape, F32)
-    return np.fmax.reduce(np.where(np.isnan(a), F32(0), a), axis=axis, keepdims=keepdims).astype(F32)
-
-
-def fp8_quant_scaled_ref(x, scale) -> np.ndarray:
-    """Static per-tensor rule: q = e4m3(clamp(x · fp32(1/scale), ±448)) (jit per_tensor_quant_fp8).
-    Also the dynamic per-tensor rule with scale = amax/448 (scale 0 → 1/0 = inf → NaN → +448)."""
-    x = _rows_f32(x)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = F32(1.0) / F32(scale)
-        return _e4m3_clamped(x * inv)
-
-
-def _fp8_per_token(x):
-    s = (_amax(x, axis=-1, keepdims=True) / FP8_MAX).astype(F32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(s == 0, F32(0), F32(1.0) / np.where(s == 0, F32(1), s)).astype(F32)
-    return _e4m3_clamped(x * inv), s
-
-
-def _fp8_group(x, group, ue8m0, rule):
-    rows, k = x.shape
-    g = x.reshape(rows, k // group, group)
-    a = np.fmax(_amax(g, axis=-1, keepdims=True), EPS)
-    s = (a / FP8_MAX).astype(F32)
-    if ue8m0:
-        floored = np.fmax(s, EPS) if rule == "fp8_per_token_group" else s
-        s = pow2_f32(ceil_log2_ref(floored))
-    q = _e4m3_clamped(g / s)
-    return q.reshape(rows, k), s[..., 0]
-
-
-def _int8_per_token(x):
-    a = np.fmax(_amax(x, axis=-1, keepdims=True), EPS)
-    s = (a / F32(127)).astype(F32)
-    mul = (F32(127) / a).astype(F32)
-    v = (x * mul).astype(F32).astype(np.float64)
-    r = np.trunc(v)  # libdevice.round: half away from zero, exact in float64
-    r = r + np.where(np.abs(v - r) >= 0.5, np.sign(v), 0.0)
-    r = np.where(np.isnan(r), 0.0, np.clip(r, -128, 127))
-    return r.astype(np.int8), s
+_rows_f32 = as_f32
+fp8_quant_scaled_ref = fp8_static_rule_ref  # the static per-tensor rule, under its old name
 
 
 def quantize_activation_ref(x, rule: str, scale=None, group_size: int = 128,
@@ -132,18 +88,19 @@ def quantize_activation_ref(x, rule: str, scale=None, group_size: int = 128,
     if x.ndim != 2:
         raise ValueError("quantize_activation_ref: expected x [rows, K]")
     if rule == "fp8_static":
-        return fp8_quant_scaled_ref(x, scale), np.array([scale], F32)
+        return fp8_static_rule_ref(x, scale), np.array([scale], F32)
     if rule == "fp8_per_tensor":
-        s = F32(_amax(x) / FP8_MAX)
-        return fp8_quant_scaled_ref(x, s), np.array([s], F32)
+        s = F32(fp8_dynamic_scale_ref(amax_ref(x), 0.0))
+        return fp8_static_rule_ref(x, s), np.array([s], F32)
     if rule == "fp8_per_token":
-        return _fp8_per_token(x)
+        return fp8_per_token_rule_ref(x, 0.0)
     if rule in ("fp8_per_token_group", "fp8_silu_post_group"):
         if x.shape[1] % group_size:
             raise ValueError(f"quantize_activation_ref: K={x.shape[1]} % {group_size} != 0")
-        return _fp8_group(x, group_size, scale_ue8m0, rule)
+        group_rule = "sglang_cuda" if rule == "fp8_per_token_group" else "deep_gemm_silu_post"
+        return fp8_group_rule_ref(x, group_size, EPS, scale_ue8m0, group_rule)
     if rule == "int8_per_token":
-        return _int8_per_token(x)
+        return int8_per_token_rule_ref(x, EPS)
     raise ValueError(f"quantize_activation_ref: unknown rule {rule!r}")
 
 
@@ -166,7 +123,7 @@ def requantize_w13_to_max_scale_ref(w13, scales, inter: int, shard_cols=(0, 1)):
         for shard, col in enumerate(shard_cols):
             rows = slice(shard * inter, (shard + 1) * inter)
             dq = (decode_fp8_ref(q[e, rows]) * s[e, col]).astype(F32).astype(np.float16)
-            q[e, rows] = fp8_quant_scaled_ref(dq.astype(F32), smax[e])
+            q[e, rows] = fp8_static_rule_ref(dq.astype(F32), smax[e])
     return q, smax
 
 
@@ -176,8 +133,8 @@ def quantize_weight_per_expert_ref(w):
     out = np.empty(x.shape, np.uint8)
     scales = np.empty(x.shape[0], F32)
     for e in range(x.shape[0]):
-        scales[e] = F32(_amax(x[e]) / FP8_MAX)
-        out[e] = fp8_quant_scaled_ref(x[e], scales[e])
+        scales[e] = F32(fp8_dynamic_scale_ref(amax_ref(x[e]), 0.0))
+        out[e] = fp8_static_rule_ref(x[e], scales[e])
     return out, scales
 
 
@@ -185,7 +142,7 @@ def quantize_weight_per_channel_ref(w):
     """Per output row with the per-token rule: scales [E, N, 1]."""
     x = _rows_f32(w)
     e, n, k = x.shape
-    q, s = _fp8_per_token(x.reshape(e * n, k))
+    q, s = fp8_per_token_rule_ref(x.reshape(e * n, k), 0.0)
     return q.reshape(e, n, k), s.reshape(e, n, 1)
 
 
@@ -202,9 +159,9 @@ def requantize_block_ue8m0_ref(w, scale):
     pad = np.zeros((e, nb * b, kb * b), F32)
     pad[:, :n, :k] = np.abs(x)
     amax = pad.reshape(e, nb, b, kb, b).max(axis=(2, 4)).astype(F32)
-    sf = pow2_f32(ceil_log2_ref((np.maximum(amax, F32(1e-4)) / FP8_MAX).astype(F32)))
+    sf = fp8_block_scale_ref(amax, 1e-4, True)
     sf_full = np.repeat(np.repeat(sf, b, axis=1), b, axis=2)[:, :n, :k]
-    return encode_fp8_ref((x * (F32(1.0) / sf_full)).astype(F32)), sf
+    return fp8_quantize_mul_rule_ref(x, F32(1.0) / sf_full), sf
 
 
 def expand_per_tensor_to_blocks_ref(scale, n: int, k: int):
@@ -309,7 +266,7 @@ def fused_moe_w8a8_ref(x, w13, w2, topk_weights, topk_ids, *, quant: str, w13_sc
     bk = group
     s1 = a13_scale
     if q1 == "fp8_per_tensor":
-        s1 = F32(_amax(xs) / FP8_MAX)
+        s1 = F32(fp8_dynamic_scale_ref(amax_ref(xs), 0.0))
         q1 = "fp8_static"
     a_codes, a_scales = _quantize_rows(q1, xs, s1, group)
     w13c, w2c = _decode_weights(quant, w13), _decode_weights(quant, w2)
@@ -337,7 +294,7 @@ def fused_moe_w8a8_ref(x, w13, w2, topk_weights, topk_ids, *, quant: str, w13_sc
     s2 = a2_scale
     if q2 == "fp8_per_tensor":
         valid = ids >= 0
-        s2 = F32(_amax(h2[valid].astype(F32)) / FP8_MAX) if valid.any() else F32(0)
+        s2 = F32(fp8_dynamic_scale_ref(amax_ref(h2[valid]), 0.0)) if valid.any() else F32(0)
         q2 = "fp8_static"
     y = np.zeros((t, k, hidden), np.float64)
     for e in range(num_experts):
@@ -422,46 +379,113 @@ def deep_gemm_post_reorder_ref(down_output, src2dst, topk_ids, topk_weights,
     return acc
 
 
+def _deep_gemm_expert_rows(rows, row_scales, e, w13, w2, *, use_fp8, w13_scale, w2_scale,
+                           scale_ue8m0, swiglu_limit):
+    """The per-row core contract for rows of expert e (shared by both layouts): h1 = bf16(GEMM1),
+    a = bf16(bf16(silu(gate)) · up) (DSv4 clamp with swiglu_limit), FP8: a quantized per 1×128
+    group with the silu-post rule, y = bf16(GEMM2). rows: e4m3 codes (uint8) + f32 scales
+    [m, H/128], or bf16/f32 values. Returns bf16 values as float32 [m, H]."""
+    inter = np.asarray(w2).shape[2]
+    h = np.asarray(w2).shape[1]
+    rnd = _Rounder("triton", "bf16")
+    if use_fp8:
+        w13c, w2c = decode_fp8_ref(_codes(w13)[e]), decode_fp8_ref(_codes(w2)[e])
+        h1 = _scaled_gemm(decode_fp8_ref(_codes(rows)), row_scales, w13c,
+                          np.repeat(np.asarray(w13_scale, F32)[e], DEEP_GEMM_BLOCK, 0)[:2 * inter],
+                          DEEP_GEMM_BLOCK)
+    else:
+        w13c, w2c = _rows_f32(np.asarray(w13)[e]), _rows_f32(np.asarray(w2)[e])
+        h1 = _rows_f32(rows).astype(np.float64) @ w13c.astype(np.float64).T
+    h1 = rnd(h1)
+    act = _gated_activation(h1, inter, activation="silu", gemm1_alpha=None,
+                            gemm1_clamp_limit=None, gemm1_beta=None,
+                            swiglu_limit=swiglu_limit, round_before_mul=True, rnd=rnd)
+    if use_fp8:
+        q, s = quantize_activation_ref(act.astype(F32), "fp8_silu_post_group",
+                                       group_size=DEEP_GEMM_BLOCK, scale_ue8m0=scale_ue8m0)
+        y = _scaled_gemm(decode_fp8_ref(q), s, w2c,
+                         np.repeat(np.asarray(w2_scale, F32)[e], DEEP_GEMM_BLOCK, 0)[:h],
+                         DEEP_GEMM_BLOCK)
+    else:
+        y = act @ w2c.astype(np.float64).T
+    return np.asarray(rnd(y), F32)
+
+
+def deep_gemm_masked_core_ref(hidden_states, hidden_states_scale, masked_m, w13, w2, *,
+                              use_fp8: bool, w13_scale=None, w2_scale=None,
+                              scale_ue8m0: bool = False, swiglu_limit=None):
+    """The deep_gemm core on the masked layout: hidden_states [E, m_max, H] (+ scales
+    [E, m_max, H/128]), masked_m [E] → bf16 values as float32 [E, m_max, H], rows past
+    masked_m[e] zero."""
+    hs = np.asarray(hidden_states)
+    num_experts, m_max, h = hs.shape
+    down = np.zeros((num_experts, m_max, h), F32)
+    for e in range(num_experts):
+        m = int(masked_m[e])
+        if m:
+            down[e, :m] = _deep_gemm_expert_rows(
+                hs[e, :m], None if not use_fp8 else np.asarray(hidden_states_scale)[e, :m], e,
+                w13, w2, use_fp8=use_fp8, w13_scale=w13_scale, w2_scale=w2_scale,
+                scale_ue8m0=scale_ue8m0, swiglu_limit=swiglu_limit)
+    return down
+
+
+def contiguous_segments_ref(m_indices, num_experts: int):
+    """[(expert, first row, rows)] of a contiguous-layout m_indices (sglang's ep_scatter: each
+    expert's rows one run starting on a 128-row boundary, −1 padding, len % 128 == 0). Raises
+    ValueError for any other layout (IndexError for ids outside [−1, E))."""
+    ids = np.asarray(m_indices)
+    if ids.dtype != np.int32 or ids.ndim != 1:
+        raise TypeError(f"m_indices: expected int32 [M], got {ids.dtype} {ids.shape}")
+    if len(ids) % DEEP_GEMM_BLOCK:
+        raise ValueError(f"m_indices: expected M a multiple of 128, got {len(ids)}")
+    segments, seen, r = [], set(), 0
+    while r < len(ids):
+        e = int(ids[r])
+        if not -1 <= e < num_experts:
+            raise IndexError(f"m_indices must be in [-1, {num_experts}), got {e} at row {r}")
+        end = r + 1
+        while end < len(ids) and ids[end] == e:
+            end += 1
+        if e >= 0:
+            if e in seen:
+                raise ValueError(f"m_indices: the rows of expert {e} must be contiguous")
+            if r % DEEP_GEMM_BLOCK:
+                raise ValueError(f"m_indices: expert {e} starts at row {r}, not on a 128-row "
+                                 "boundary")
+            seen.add(e)
+            segments.append((e, r, end - r))
+        r = end
+    return segments
+
+
+def deep_gemm_contiguous_core_ref(hidden_states, hidden_states_scale, m_indices, w13, w2, *,
+                                  use_fp8: bool, w13_scale=None, w2_scale=None,
+                                  scale_ue8m0: bool = False, swiglu_limit=None):
+    """The deep_gemm core on the contiguous layout: hidden_states [M, H] (+ scales [M, H/128]),
+    m_indices int32 [M] (expert per row, −1 padding) → bf16 values as float32 [M, H], padding
+    rows zero. Same per-row contract as the masked layout."""
+    hs = np.asarray(hidden_states)
+    down = np.zeros(hs.shape, F32)
+    for e, r0, m in contiguous_segments_ref(m_indices, np.asarray(w13).shape[0]):
+        down[r0:r0 + m] = _deep_gemm_expert_rows(
+            hs[r0:r0 + m], None if not use_fp8 else np.asarray(hidden_states_scale)[r0:r0 + m],
+            e, w13, w2, use_fp8=use_fp8, w13_scale=w13_scale, w2_scale=w2_scale,
+            scale_ue8m0=scale_ue8m0, swiglu_limit=swiglu_limit)
+    return down
+
+
 def deep_gemm_moe_ref(x, w13, w2, topk_weights, topk_ids, *, use_fp8: bool, w13_scale=None,
                       w2_scale=None, scale_ue8m0: bool = False, swiglu_limit=None,
                       routed_scaling_factor=None, return_down_output=False):
-    """The deep_gemm contract (deep_gemm.cpp): preprocess, per expert row h1 = bf16(GEMM1),
-    a = bf16(bf16(silu(gate)) · up) (DSv4 clamp with swiglu_limit), FP8: a quantized per 1×128
-    group with the silu-post rule, y = bf16(GEMM2); then post_reorder and routed scaling."""
+    """The deep_gemm contract (deep_gemm.cpp): preprocess, the masked core, then post_reorder
+    and routed scaling."""
     num_experts = np.asarray(w13).shape[0]
-    inter = np.asarray(w2).shape[2]
     pre = deep_gemm_preprocess_ref(topk_ids, num_experts, x, use_fp8, scale_ue8m0)
-    m_max, h = pre["m_max"], np.asarray(x).shape[1]
-    rnd = _Rounder("triton", "bf16")
-    down = np.zeros((num_experts, m_max, h), F32)
-    if use_fp8:
-        w13c, w2c = decode_fp8_ref(_codes(w13)), decode_fp8_ref(_codes(w2))
-    else:
-        w13c, w2c = _rows_f32(w13), _rows_f32(w2)
-    for e in range(num_experts):
-        m = int(pre["masked_m"][e])
-        if m == 0:
-            continue
-        if use_fp8:
-            a = decode_fp8_ref(pre["hidden_states"][e, :m])
-            h1 = _scaled_gemm(a, pre["hidden_states_scale"][e, :m], w13c[e],
-                              np.repeat(np.asarray(w13_scale, F32)[e], DEEP_GEMM_BLOCK, 0)[:2 * inter],
-                              DEEP_GEMM_BLOCK)
-        else:
-            h1 = np.asarray(pre["hidden_states"][e, :m], np.float64) @ w13c[e].astype(np.float64).T
-        h1 = rnd(h1)
-        act = _gated_activation(h1, inter, activation="silu", gemm1_alpha=None,
-                                gemm1_clamp_limit=None, gemm1_beta=None,
-                                swiglu_limit=swiglu_limit, round_before_mul=True, rnd=rnd)
-        if use_fp8:
-            q, s = quantize_activation_ref(act.astype(F32), "fp8_silu_post_group",
-                                           group_size=DEEP_GEMM_BLOCK, scale_ue8m0=scale_ue8m0)
-            y = _scaled_gemm(decode_fp8_ref(q), s, w2c[e],
-                             np.repeat(np.asarray(w2_scale, F32)[e], DEEP_GEMM_BLOCK, 0)[:h],
-                             DEEP_GEMM_BLOCK)
-        else:
-            y = act @ w2c[e].astype(np.float64).T
-        down[e, :m] = rnd(y)
+    down = deep_gemm_masked_core_ref(pre["hidden_states"], pre["hidden_states_scale"],
+                                     pre["masked_m"], w13, w2, use_fp8=use_fp8,
+                                     w13_scale=w13_scale, w2_scale=w2_scale,
+                                     scale_ue8m0=scale_ue8m0, swiglu_limit=swiglu_limit)
     out = deep_gemm_post_reorder_ref(down, pre["src2dst"], topk_ids, topk_weights,
                                      routed_scaling_factor)
     return (out, down) if return_down_output else out

@@ -25,11 +25,10 @@ from .layout import (
     unswizzle_nvfp4_scales_ref,
 )
 from .quant import (
-    decode_e2m1_ref,
     decode_fp8_ref,
-    encode_fp8_ref,
+    fp8_quantize_mul_rule_ref,
+    nvfp4_code_values_ref,
     quantize_nvfp4_ref,
-    unpack_e2m1_ref,
 )
 
 __all__ = [
@@ -69,24 +68,19 @@ def canonical_dot_f32(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return lanes[:, :, 0].copy()
 
 
-def nvfp4_values_ref(packed: np.ndarray, linear_scales: np.ndarray) -> np.ndarray:
-    """Packed e2m1 [..., K/2] and e4m3 block scales [..., K/16] → the exact values e2m1 · s8."""
-    vals = decode_e2m1_ref(unpack_e2m1_ref(np.asarray(packed).view(np.uint8)))
-    s = decode_fp8_ref(np.asarray(linear_scales).view(np.uint8))
-    return (vals * np.repeat(s, NVFP4_BLOCK, axis=-1)).astype(F32)
+nvfp4_values_ref = nvfp4_code_values_ref  # e2m1 · s8 (formats' nvfp4_code_values_row)
 
 
 def nvfp4_quant_dequant_codes_ref(x: np.ndarray, global_scale: float) -> np.ndarray:
     """The activation quantizer of both contracts: rows → NVFP4 with `global_scale` → the exact
     code values e2m1 · s8 (the 1/gs factor lives in alpha)."""
     q, sf = quantize_nvfp4_ref(np.asarray(x, dtype=F32), F32(global_scale))
-    return nvfp4_values_ref(q, sf)
+    return nvfp4_code_values_ref(q, sf)
 
 
 def _fp8_multiply_quant(x: np.ndarray, multiplier) -> np.ndarray:
-    """q = e4m3(sat(x · multiplier)) → decoded values."""
-    v = np.clip(np.asarray(x, dtype=F32) * F32(multiplier), F32(-448), F32(448))
-    return decode_fp8_ref(encode_fp8_ref(v))
+    """FlashInfer's FP8 input quantizer (formats' fp8_quantize_row_mul) → decoded values."""
+    return decode_fp8_ref(fp8_quantize_mul_rule_ref(x, F32(multiplier)))
 
 
 def linear_scales_from_mma_ref(mma: np.ndarray, rows: int, kb: int) -> np.ndarray:

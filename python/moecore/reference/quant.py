@@ -1,10 +1,13 @@
-"""Pure-numpy twins of moecore's scalar codecs and block quantizers (cpp/moecore/formats/).
+"""Pure-numpy twins of moecore's scalar codecs and quantizers (cpp/moecore/formats/quantize.h).
 
-Written independently of the C++: encoders search each format's value table for the nearest
-value (ties to the even code, or down for sglang's MXFP4 rule) instead of manipulating bits, and
-log2 rules use ``np.frexp``. The quantizers repeat the documented fp32 operation order (spec
-§7.2–§7.4) with float32 numpy arrays, so results are bit-exact twins of the C++. Codes are
-returned as raw uint8 (fp8, e8m0, packed e2m1) and scales as float32 unless stated.
+Every quantization rule exists once here, as in the C++: an unchecked ``*_rule_ref`` function per
+rule in the fp32 operation order of the sglang kernel it names (the MoE references in
+``moe_fp8`` / ``moe_nvfp4`` call these), and the validated ``quantize_*_ref`` twins of the public
+``moecore.formats`` functions built from them. Written independently of the C++: encoders search
+each format's value table for the nearest value (ties to the even code, or down for sglang's MXFP4
+rule) instead of manipulating bits, and log2 rules use ``np.frexp``. float32 numpy arithmetic,
+so results are bit-exact twins. Codes are raw uint8 (fp8, e8m0, packed e2m1) or int8; scales
+float32. NaN follows CUDA fminf/fmaxf (amax ignores it, the FP8 clamp makes it +448).
 Must never import the compiled extension or torch.
 """
 
@@ -165,9 +168,8 @@ def pow2_f32(e) -> np.ndarray:
 
 
 def round_scales_ue8m0_ref(scale) -> np.ndarray:
-    """2^ceil(log2 s), at least 2^-127."""
-    s = np.asarray(scale, dtype=F32)
-    return pow2_f32(np.maximum(ceil_log2_ref(s), -127))
+    """2^ceil(log2 s), at least 2^-127 (ue8m0_round_up_ref)."""
+    return ue8m0_round_up_ref(scale)
 
 
 def scales_to_e8m0_ref(scale) -> np.ndarray:
@@ -203,14 +205,128 @@ def unpack_ue8m0_ref(packed, groups: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# FP8 E4M3 quantizers: q = sat(x / s) in fp32, s = max(amax, eps) / 448.
+# FP8 E4M3 rules (quantize.h's row kernels), unchecked.
 
 
-def _f32(x) -> np.ndarray:
+def as_f32(x) -> np.ndarray:
+    """float32 view of f32 / f16 / bfloat16 input (exact widening)."""
     x = np.asarray(x)
     if x.dtype.name == "bfloat16" or x.dtype == np.float16:
         return x.astype(F32)
     return np.asarray(x, dtype=F32)
+
+
+def amax_ref(x, axis=None, keepdims=False) -> np.ndarray:
+    """max |x| with NaN ignored (fmaxf), 0 for empty input."""
+    a = np.abs(as_f32(x))
+    if a.size == 0:
+        if axis is None:
+            return F32(0)
+        shape = list(a.shape)
+        ax = axis % a.ndim
+        if keepdims:
+            shape[ax] = 1
+        else:
+            del shape[ax]
+        return np.zeros(shape, F32)
+    a = np.where(np.isnan(a), F32(0), a)
+    return np.fmax.reduce(a, axis=axis, keepdims=keepdims).astype(F32)
+
+
+def fp8_dynamic_scale_ref(amax, eps) -> np.ndarray:
+    """max(amax, eps) / 448 in fp32 (eps 0: sgl-kernel's per-tensor / per-token, no floor)."""
+    return (np.fmax(np.asarray(amax, F32), F32(eps)) / F32(E4M3_MAX)).astype(F32)
+
+
+def ue8m0_round_up_ref(s) -> np.ndarray:
+    """2^ceil(log2 s), at least 2^-127 (DeepGEMM ceil_to_ue8m0, the Triton post-quant kernel)."""
+    return pow2_f32(np.maximum(ceil_log2_ref(np.asarray(s, F32)), -127))
+
+
+def ue8m0_round_up_floored_ref(s) -> np.ndarray:
+    """sgl-kernel per_token_group_quant_8bit: 2^ceil(log2 max(s, 1e-10))."""
+    return ue8m0_round_up_ref(np.fmax(np.asarray(s, F32), F32(1e-10)))
+
+
+def fp8_quantize_mul_rule_ref(x, inv) -> np.ndarray:
+    """sgl-kernel per_tensor / per_token_quant_fp8's step: e4m3(fmax(fmin(x · inv, 448), -448))."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = (as_f32(x) * np.asarray(inv, F32)).astype(F32)
+    return encode_fp8_ref(np.fmax(np.fmin(v, F32(E4M3_MAX)), F32(-E4M3_MAX)))
+
+
+def fp8_quantize_div_rule_ref(x, s) -> np.ndarray:
+    """The per-token-group kernels' step: e4m3(clamp(x / s, ±448))."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        v = (as_f32(x) / np.asarray(s, F32)).astype(F32)
+    return encode_fp8_ref(np.fmax(np.fmin(v, F32(E4M3_MAX)), F32(-E4M3_MAX)))
+
+
+def fp8_static_rule_ref(x, scale) -> np.ndarray:
+    """scaled_fp8_quant(x, scale): inv = fp32(1/scale), then the multiply step (scale 0 → +448)."""
+    with np.errstate(divide="ignore"):
+        inv = F32(1.0) / F32(scale)
+    return fp8_quantize_mul_rule_ref(x, inv)
+
+
+def fp8_per_token_rule_ref(x, eps=0.0):
+    """per_token_quant_fp8 over the last dim: s = max(amax, eps)/448, inv = s ? 1/s : 0.
+    Returns (codes, s [..., 1])."""
+    x = as_f32(x)
+    s = fp8_dynamic_scale_ref(amax_ref(x, axis=-1, keepdims=True), eps)
+    with np.errstate(divide="ignore"):
+        inv = np.where(s == 0, F32(0), F32(1.0) / np.where(s == 0, F32(1), s)).astype(F32)
+    return fp8_quantize_mul_rule_ref(x, inv), s
+
+
+FP8_GROUP_RULES = ("sglang_cuda", "deep_gemm_silu_post")
+
+
+def fp8_group_scale_ref(amax, eps, ue8m0: bool, rule: str = "sglang_cuda") -> np.ndarray:
+    """Fp8GroupRule: max(amax, eps)/448; UE8M0 floored at 1e-10 ("sglang_cuda",
+    per_token_group_quant_8bit) or not ("deep_gemm_silu_post", _silu_and_mul_post_quant_kernel)."""
+    if rule not in FP8_GROUP_RULES:
+        raise ValueError(f"fp8_group_scale_ref: rule must be one of {FP8_GROUP_RULES}, got {rule!r}")
+    s = fp8_dynamic_scale_ref(amax, eps)
+    if not ue8m0:
+        return s
+    return ue8m0_round_up_floored_ref(s) if rule == "sglang_cuda" else ue8m0_round_up_ref(s)
+
+
+def fp8_group_rule_ref(x, group_size: int, eps, ue8m0: bool, rule: str = "sglang_cuda"):
+    """Groups of group_size along the last dim (K % G == 0): (codes, scales [..., K/G])."""
+    x = as_f32(x)
+    k = x.shape[-1]
+    g = x.reshape(x.shape[:-1] + (k // group_size, group_size))
+    s = fp8_group_scale_ref(amax_ref(g, axis=-1, keepdims=True), eps, ue8m0, rule)
+    return fp8_quantize_div_rule_ref(g, s).reshape(x.shape), s[..., 0]
+
+
+def fp8_block_scale_ref(amax, eps, ue8m0: bool) -> np.ndarray:
+    """DeepGEMM per_block_cast_to_fp8's tile scale: max(amax, eps)/448, UE8M0 2^ceil(log2 s)."""
+    s = fp8_dynamic_scale_ref(amax, eps)
+    return ue8m0_round_up_ref(s) if ue8m0 else s
+
+
+def fp8_block_rule_ref(w, block_n: int, block_k: int, eps, ue8m0: bool):
+    """Tiles of w [..., N, K] (edges partial): (codes, scales [..., ceil(N/bn), ceil(K/bk)]),
+    q = e4m3(clamp(x · fp32(1/s)))."""
+    w = as_f32(w)
+    n, k = w.shape[-2:]
+    nb, kb = -(-n // block_n), -(-k // block_k)
+    padded = np.zeros(w.shape[:-2] + (nb * block_n, kb * block_k), F32)
+    padded[..., :n, :k] = np.abs(w)
+    tiles = padded.reshape(w.shape[:-2] + (nb, block_n, kb, block_k))
+    s = fp8_block_scale_ref(tiles.max(axis=(-3, -1)), eps, ue8m0)
+    s_full = np.repeat(np.repeat(s, block_n, axis=-2), block_k, axis=-1)[..., :n, :k]
+    return fp8_quantize_mul_rule_ref(w, F32(1.0) / s_full), s
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 E4M3 quantizers (twins of moecore.formats; validated).
+
+
+_f32 = as_f32
 
 
 def _check_finite(x, api):
@@ -218,34 +334,24 @@ def _check_finite(x, api):
         raise ValueError(f"{api}: input must be finite")
 
 
-def _dynamic_scale(amax, eps, ue8m0=False):
-    s = np.maximum(np.asarray(amax, dtype=F32), F32(eps)) / F32(E4M3_MAX)
-    return round_scales_ue8m0_ref(s) if ue8m0 else s.astype(F32)
-
-
 def quantize_fp8_static_ref(x, scale: float) -> np.ndarray:
     x = _f32(x)
     _check_finite(x, "quantize_fp8_static_ref")
-    return encode_fp8_ref(x / F32(scale))
+    return fp8_static_rule_ref(x, scale)
 
 
 def quantize_fp8_per_tensor_ref(x, eps: float = 1e-10):
     x = _f32(x)
     _check_finite(x, "quantize_fp8_per_tensor_ref")
-    s = _dynamic_scale(np.max(np.abs(x)) if x.size else F32(0), eps)
-    return encode_fp8_ref(x / s), np.array([s], dtype=F32)
+    s = F32(fp8_dynamic_scale_ref(amax_ref(x), eps))
+    return fp8_static_rule_ref(x, s), np.array([s], dtype=F32)
 
 
 def quantize_fp8_per_row_ref(x, eps: float = 1e-10):
     """Per-channel (weights [..., N, K]) and per-token (activations [..., T, H]) alike."""
     x = _f32(x)
     _check_finite(x, "quantize_fp8_per_row_ref")
-    if x.shape[-1]:
-        amax = np.max(np.abs(x), axis=-1, keepdims=True)
-    else:
-        amax = np.zeros(x.shape[:-1] + (1,), F32)
-    s = _dynamic_scale(amax, eps)
-    return encode_fp8_ref(x / s), s
+    return fp8_per_token_rule_ref(x, eps)
 
 
 quantize_fp8_per_channel_ref = quantize_fp8_per_row_ref
@@ -253,15 +359,13 @@ quantize_fp8_per_token_ref = quantize_fp8_per_row_ref
 
 
 def quantize_fp8_per_token_group_ref(x, group_size: int = 128, eps: float = 1e-10,
-                                     scale_ue8m0: bool = False):
+                                     scale_ue8m0: bool = False, rule: str = "sglang_cuda"):
     x = _f32(x)
     _check_finite(x, "quantize_fp8_per_token_group_ref")
     k = x.shape[-1]
     if k % group_size:
         raise ValueError(f"last dim {k} is not a multiple of group_size={group_size}")
-    g = x.reshape(x.shape[:-1] + (k // group_size, group_size))
-    s = _dynamic_scale(np.max(np.abs(g), axis=-1, keepdims=True), eps, scale_ue8m0)
-    return encode_fp8_ref(g / s).reshape(x.shape), s[..., 0]
+    return fp8_group_rule_ref(x, group_size, eps, scale_ue8m0, rule)
 
 
 def quantize_fp8_block_ref(w, block_n: int = 128, block_k: int = 128, eps: float = 1e-10,
@@ -269,14 +373,7 @@ def quantize_fp8_block_ref(w, block_n: int = 128, block_k: int = 128, eps: float
     """2-D tiles of w [..., N, K]; edge tiles partial; scale [..., ceil(N/bn), ceil(K/bk)]."""
     w = _f32(w)
     _check_finite(w, "quantize_fp8_block_ref")
-    n, k = w.shape[-2:]
-    nb, kb = -(-n // block_n), -(-k // block_k)
-    padded = np.zeros(w.shape[:-2] + (nb * block_n, kb * block_k), F32)
-    padded[..., :n, :k] = np.abs(w)
-    tiles = padded.reshape(w.shape[:-2] + (nb, block_n, kb, block_k))
-    s = _dynamic_scale(tiles.max(axis=(-3, -1)), eps, scale_ue8m0)
-    s_full = np.repeat(np.repeat(s, block_n, axis=-2), block_k, axis=-1)[..., :n, :k]
-    return encode_fp8_ref(w / s_full), s
+    return fp8_block_rule_ref(w, block_n, block_k, eps, scale_ue8m0)
 
 
 def dequantize_fp8_block_ref(q, scale, block_n: int, block_k: int, out_dtype: str = "f32"):
@@ -332,13 +429,17 @@ def quantize_nvfp4_ref(x, global_scale):
     return pack_e2m1_ref(nib), code[..., 0]
 
 
-def dequantize_nvfp4_ref(q, block_scale, global_scale=1.0, out_dtype: str = "f32"):
-    """x = (e2m1 · s_e4m3) / gs in fp32, rounded to out_dtype."""
+def nvfp4_code_values_ref(q, block_scale) -> np.ndarray:
+    """Packed e2m1 [..., K/2] and e4m3 block scales [..., K/16] → the exact values e2m1 · s8."""
     vals = decode_e2m1_ref(unpack_e2m1_ref(np.asarray(q).view(np.uint8)))
     s = decode_fp8_ref(np.asarray(block_scale).view(np.uint8))
-    s_full = np.repeat(s, NVFP4_BLOCK, axis=-1)
-    gs = _per_row_global(global_scale, vals)
-    return round_to((vals * s_full) / gs, out_dtype)
+    return (vals * np.repeat(s, NVFP4_BLOCK, axis=-1)).astype(F32)
+
+
+def dequantize_nvfp4_ref(q, block_scale, global_scale=1.0, out_dtype: str = "f32"):
+    """x = (e2m1 · s_e4m3) / gs in fp32, rounded to out_dtype."""
+    vals = nvfp4_code_values_ref(q, block_scale)
+    return round_to(vals / _per_row_global(global_scale, vals), out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,16 +479,26 @@ def dequantize_mxfp4_ref(q, scale, out_dtype: str = "f32"):
 
 
 # ---------------------------------------------------------------------------------------------
-# INT8 symmetric per row (sglang's w8a8 int8 reference).
+# INT8 symmetric per row (sglang's per_token_quant_int8 Triton kernel).
+
+
+def int8_per_token_rule_ref(x, eps=1e-10):
+    """a = max(amax, eps), s = a/127, q = round_half_away(x · fp32(127/a)) (libdevice.round),
+    clamped to ±127 (unreachable for finite x), NaN → 0. Returns (int8 codes, s [..., 1])."""
+    x = as_f32(x)
+    a = np.fmax(amax_ref(x, axis=-1, keepdims=True), F32(eps)).astype(F32)
+    with np.errstate(invalid="ignore"):
+        v = (x * (F32(127) / a)).astype(F32).astype(np.float64)
+    r = np.sign(v) * np.floor(np.abs(v) + 0.5)  # exact in float64 for |v| < 2^52
+    r = np.where(np.isnan(r), 0.0, np.clip(r, -127, 127))
+    return r.astype(np.int8), (a / F32(127)).astype(F32)
 
 
 def quantize_int8_per_row_ref(x, eps: float = 1e-10):
-    """→ (int8 codes, scale f32 [..., 1]); q = rint(x · (127 / amax')), s = amax' / 127."""
+    """→ (int8 codes, scale f32 [..., 1]) by int8_per_token_rule_ref (ties away from zero)."""
     x = _f32(x)
     _check_finite(x, "quantize_int8_per_row_ref")
-    amax = np.maximum(np.max(np.abs(x), axis=-1, keepdims=True), F32(eps)).astype(F32)
-    q = np.clip(np.rint(x * (F32(127) / amax)), -127, 127).astype(np.int8)
-    return q, (amax / F32(127)).astype(F32)
+    return int8_per_token_rule_ref(x, eps)
 
 
 quantize_int8_per_channel_ref = quantize_int8_per_row_ref
@@ -400,6 +511,11 @@ def dequantize_int8_per_row_ref(q, scale, out_dtype: str = "f32"):
 
 
 __all__ = [
+    "as_f32", "amax_ref", "fp8_dynamic_scale_ref", "ue8m0_round_up_ref",
+    "ue8m0_round_up_floored_ref", "fp8_quantize_mul_rule_ref", "fp8_quantize_div_rule_ref",
+    "fp8_static_rule_ref", "fp8_per_token_rule_ref", "FP8_GROUP_RULES", "fp8_group_scale_ref",
+    "fp8_group_rule_ref", "fp8_block_scale_ref", "fp8_block_rule_ref", "int8_per_token_rule_ref",
+    "nvfp4_code_values_ref",
     "fp8_e4m3_values", "fp8_e5m2_values", "e2m1_values", "e8m0_values",
     "encode_fp8_ref", "decode_fp8_ref", "encode_e2m1_ref", "decode_e2m1_ref",
     "pack_e2m1_ref", "unpack_e2m1_ref", "ceil_log2_ref", "floor_log2_ref",

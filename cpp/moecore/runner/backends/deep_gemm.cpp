@@ -1,14 +1,26 @@
-// Runner backend "deep_gemm" (sglang moe_runner/deep_gemm.py): DeepGEMM's masked grouped GEMMs
-// over the [E, m_max, H] layout. Registers: runner core DEEP_GEMM, pre-permute (standard,
-// deep_gemm) and post-permute (deep_gemm, standard); no fused func (sglang registers none). The
-// DeepEP permutes (deepep_ll / deepep_normal) belong to the DeepEP dispatchers, not here.
+// Runner backend "deep_gemm" (sglang moe_runner/deep_gemm.py): DeepGEMM's grouped GEMMs over
+// either runner-input layout. Registers: runner core DEEP_GEMM, pre-permute (standard, deep_gemm)
+// and post-permute (deep_gemm, standard); no fused func (sglang registers none). The DeepEP
+// permutes (deepep_ll / deepep_normal) belong to the DeepEP dispatchers, not here.
+//
+// Layouts (DeepGemmRunnerInput.use_masked_gemm):
+//   masked (True; the standard pre-permute, deepep_ll): hidden_states [E, m_max, H] + masked_m
+//     i32 [E]; expert e's rows are [0, masked_m[e]) of slab e. Output bf16 [E, m_max, H].
+//   contiguous (False; sglang's ep_scatter for deepep_normal, not built here yet):
+//     hidden_states [M, H] + m_indices i32 [M] (expert of each row, −1 = padding); each expert's
+//     rows are one run starting on a 128-row boundary, M % 128 == 0. Output bf16 [M, H].
+//   FP8 flows carry f32 per-token-group scales [..., H/128] alongside (sglang's UE8M0 int-packed
+//   scales are not accepted: the permute that makes them must unpack to f32). Both layouts
+//   reduce to (expert, row run) segments of one flat [rows, H] buffer and share one per-row
+//   computation (run_expert_rows), so a row's output is the same bits in either layout; rows
+//   outside the segments (masked tail, contiguous padding) are never read and come out zero.
 //
 // Numeric contract (hidden_states bf16; every stored intermediate is bf16, as DeepGEMM's
 // f8f8bf16 / bf16 GEMMs write):
 //   pre-permute (moe_ep_deepgemm_preprocess): FP8 flow — each token quantized per 1×128 group,
 //     s = max(amax, 1e-10)/448 (UE8M0: s = 2^ceil(log2 max(s, 1e-10))), q = e4m3(x / s); rows
 //     gathered to expert e's slot rank (stable order). BF16 flow — rows copied.
-//   core, per expert e and row r < masked_m[e]:
+//   core, per row r of expert e (r < masked_m[e], or m_indices[r] == e):
 //     h1 = bf16(Σ_b (dot_b(q, W13) · s_x[r, b]) · s_w[n/128, b])   (fp32; BF16: bf16(x·W13ᵀ))
 //     g = h1[:I] (≤ L, and up ∈ [−L, L] with swiglu_limit), a = bf16(bf16(silu(g)) · up)
 //     FP8: a quantized per 1×128 group, s = max(amax, 1e-10)/448 (UE8M0: 2^ceil(log2 s)),
@@ -18,7 +30,10 @@
 //     in slot order, accumulated in bf16 (rounded after every add), then bf16(out · rsf) if
 //     routed_scaling_factor is set. Routed weights and rsf apply there, exactly once.
 // DeepGEMM multiplies each 128-K block by s_a·s_w formed first; moecore multiplies dot·s_a then
-// ·s_w (quant_gemm.h) — one fp32 rounding apart. Requires silu, gated (R15), no gemm1_alpha, no
+// ·s_w (quant_gemm.h) — one fp32 rounding apart. Deviation: sglang's contiguous FP8 flow runs
+// silu_and_mul (one bf16 rounding of silu(g)·up) then the per-token-group quantizer (its UE8M0
+// floor differs from the silu-post rule's); moecore keeps the masked path's rounding points on
+// both layouts so the layouts agree bit for bit. Requires silu, gated (R15), no gemm1_alpha, no
 // apply_router_weight_on_input, no no_combine; FP8 needs H and I multiples of 128 and 128×128
 // block scales. Per row, so batch invariant; deterministic across thread counts and ISA levels
 // (FP8: scalar canonical dots; BF16: the GEMM table rows agree bitwise).
@@ -47,17 +62,17 @@ constexpr const char* kApi = "MoeRunner(deep_gemm)";
 constexpr int64_t kRowsPerItem = 16;  // rows of one expert per work item
 
 struct DeepGemmRunnerInput : RunnerInput {
-  Tensor hidden_states;        // [E, m_max, H] e4m3 or bf16
-  Tensor hidden_states_scale;  // f32 [E, m_max, H/128] or undefined
+  Tensor hidden_states;        // e4m3 or bf16: [E, m_max, H] (masked) or [M, H] (contiguous)
+  Tensor hidden_states_scale;  // f32 [..., H/128] per-token-group scales (FP8), or undefined
   bool use_masked_gemm = true;
   Tensor masked_m;  // i32 [E]
   int64_t expected_m = 0;
-  Tensor m_indices;  // contiguous layout only (not produced by the standard permute)
+  Tensor m_indices;  // i32 [M]: contiguous layout (use_masked_gemm=False), hidden_states [M, H]
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
 };
 
 struct DeepGemmRunnerOutput : RunnerOutput {
-  Tensor hidden_states;  // bf16 [E, m_max, H]
+  Tensor hidden_states;  // bf16, the input's layout: [E, m_max, H] (masked) or [M, H]
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
 };
 
@@ -221,6 +236,172 @@ RunnerInputPtr pre_permute_standard_to_deep_gemm(const DispatchOutputPtr& dispat
   return input;
 }
 
+/// One expert's rows of the flat [rows, H] input: rows [row, row + rows) all belong to `expert`.
+struct ExpertRows {
+  int64_t expert, row, rows;
+};
+
+/// What both layouts hand to the shared per-row MLP: flat row-major views of the input codes
+/// (e4m3 or bf16), their f32 per-token-group scales (FP8) and the output rows.
+struct FlatRows {
+  const void* x = nullptr;
+  const float* scale = nullptr;
+  uint16_t* y = nullptr;
+};
+
+/// The per-row contract (top of this file), for both layouts: every segment is split into
+/// 16-row work items in segment order, run on a static schedule. Rows outside the segments are
+/// never read and never written (the caller zero-fills the output).
+void run_expert_rows(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemmWeights& w,
+                     const FlatRows& io, const std::vector<ExpertRows>& segments) {
+  const int64_t H = w.hidden, I = w.inter, groups = H / kDeepGemmBlock;
+  std::vector<ExpertRows> items;  // (expert, first row, rows ≤ 16)
+  for (const ExpertRows& s : segments)
+    for (int64_t r = 0; r < s.rows; r += kRowsPerItem)
+      items.push_back({s.expert, s.row + r, std::min(kRowsPerItem, s.rows - r)});
+  const float* table = fp8_e4m3_table();
+  parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
+    std::vector<float> a(kRowsPerItem * H), sa(kRowsPerItem * groups), h1(kRowsPerItem * 2 * I),
+        act(kRowsPerItem * I), s2(kRowsPerItem * (I / kDeepGemmBlock)), y(kRowsPerItem * H);
+    const ActivationQuantizer quant2 =
+        make_act_quantizer(ActQuant::kFp8SiluPostGroup, 0.0f, kDeepGemmBlock, w.ue8m0);
+    for (int64_t it = begin; it < end; ++it) {
+      const auto [e, r0, m] = items[it];
+      ActivationCodes c1;
+      c1.codes = a.data();
+      c1.ld = H;
+      if (w.fp8) {
+        const uint8_t* q = static_cast<const uint8_t*>(io.x) + r0 * H;
+        for (int64_t i = 0; i < m * H; ++i) a[i] = table[q[i]];
+        const float* s = io.scale + r0 * groups;
+        std::copy(s, s + m * groups, sa.begin());
+        c1.scales = sa.data();
+        c1.scales_per_row = groups;
+      } else {
+        load_f32(static_cast<const uint16_t*>(io.x) + r0 * H, DType::kBF16, m * H, a.data());
+      }
+      scaled_gemm(c1, m, w.w13, e, 0, 2 * I, gemm, h1.data(), 2 * I);
+      round_in_place(h1.data(), m * 2 * I, DType::kBF16);
+      apply_activation(spec, h1.data(), 2 * I, act.data(), I, m, I);
+      ActivationCodes c2;
+      c2.codes = act.data();
+      c2.ld = I;
+      if (w.fp8) {
+        quant2(act.data(), m, I, I, s2.data());
+        c2.scales = s2.data();
+        c2.scales_per_row = I / kDeepGemmBlock;
+      }
+      scaled_gemm(c2, m, w.w2, e, 0, H, gemm, y.data(), H);
+      store_f32(y.data(), m * H, DType::kBF16, io.y + r0 * H);
+    }
+  });
+}
+
+/// hidden_states (`lead` leading dims, then H; contiguous; e4m3 for FP8, bf16 for BF16) and,
+/// with FP8, a contiguous f32 hidden_states_scale of the same leading dims, then H/128.
+void check_layout_input(const DeepGemmWeights& w, const Tensor& x, const Tensor& s,
+                        const std::vector<int64_t>& lead, const char* x_shape) {
+  std::vector<int64_t> want = lead;
+  want.push_back(w.hidden);
+  MOECORE_CHECK(x.defined() && x.view().shape_vector() == want && x.view().is_contiguous(), kApi,
+                ": expected contiguous hidden_states ", x_shape, " = ", shape_string(want),
+                ", got ", x.describe());
+  MOECORE_CHECK_DTYPE(x.dtype() == (w.fp8 ? DType::kF8E4M3 : DType::kBF16), kApi,
+                      ": hidden_states must be ", w.fp8 ? "fp8_e4m3 codes" : "bf16",
+                      " for use_fp8=", w.fp8 ? "True" : "False", ", got ", x.describe());
+  if (!w.fp8) {
+    MOECORE_CHECK(!s.defined(), kApi,
+                  ": use_fp8=False (BF16 DeepGEMM) takes no hidden_states_scale, got ",
+                  s.describe());
+    return;
+  }
+  want.back() = w.hidden / kDeepGemmBlock;
+  MOECORE_CHECK(s.defined() && s.dtype() == DType::kF32 && s.view().shape_vector() == want &&
+                    s.view().is_contiguous(),
+                kApi, ": expected contiguous f32 hidden_states_scale ", shape_string(want),
+                " (1×128 group scales), got ", s.describe());
+}
+
+FlatRows flat_rows(const Tensor& x, const Tensor& s, const Tensor& out) {
+  FlatRows io;
+  io.x = x.view().data;
+  io.scale = s.defined() ? s.ptr<float>() : nullptr;
+  io.y = out.ptr<uint16_t>();
+  return io;
+}
+
+/// Masked layout: hidden_states [E, m_max, H], masked_m i32 [E]; expert e's rows are
+/// e·m_max + [0, masked_m[e]). Output bf16 [E, m_max, H], rows past masked_m[e] zero.
+Tensor masked_core(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemmWeights& w,
+                   const Tensor& x, const Tensor& s, const Tensor& mm) {
+  const int64_t E = w.num_experts, H = w.hidden;
+  MOECORE_CHECK(x.defined() && x.ndim() == 3, kApi,
+                ": expected hidden_states [E, m, H] for the masked layout, got ", x.describe());
+  const int64_t m_cap = x.size(1);
+  check_layout_input(w, x, s, {E, m_cap}, "[E, m, H]");
+  MOECORE_CHECK(mm.defined() && mm.dtype() == DType::kI32 && mm.ndim() == 1 && mm.size(0) == E,
+                kApi, ": expected masked_m int32 [", E, "], got ", mm.describe());
+  std::vector<ExpertRows> segments;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = mm.ptr<int32_t>()[e * mm.view().strides[0]];
+    MOECORE_CHECK(m >= 0 && m <= m_cap, kApi, ": masked_m[", e, "] must be in [0, ", m_cap,
+                  "], got ", m);
+    if (m > 0) segments.push_back({e, e * m_cap, m});
+  }
+  Tensor out = Tensor::zeros({E, m_cap, H}, DType::kBF16);
+  run_expert_rows(spec, gemm, w, flat_rows(x, s, out), segments);
+  return out;
+}
+
+/// Contiguous layout (sglang's ep_scatter): hidden_states [M, H], m_indices i32 [M]; each
+/// maximal run of one expert id is that expert's rows, and −1 marks padding. Validates that
+/// every id is in [−1, E), each expert has one run, every run starts on a 128-row boundary and
+/// M is a multiple of 128 (DeepGEMM's contiguous-layout alignment), so each 128-row block holds
+/// one expert followed by padding. Output bf16 [M, H], padding rows zero.
+Tensor contiguous_core(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemmWeights& w,
+                       const Tensor& x, const Tensor& s, const Tensor& mi) {
+  const int64_t E = w.num_experts, H = w.hidden;
+  MOECORE_CHECK(x.defined() && x.ndim() == 2, kApi,
+                ": expected hidden_states [M, H] for the contiguous layout, got ", x.describe());
+  const int64_t M = x.size(0);
+  check_layout_input(w, x, s, {M}, "[M, H]");
+  MOECORE_CHECK(mi.defined(), kApi,
+                ": the contiguous layout (use_masked_gemm=False) needs m_indices");
+  MOECORE_CHECK_DTYPE(mi.dtype() == DType::kI32, kApi, ": expected m_indices int32, got ",
+                      mi.describe());
+  MOECORE_CHECK(mi.ndim() == 1 && mi.size(0) == M, kApi, ": expected m_indices int32 [", M,
+                "] (one expert id per hidden_states row), got ", mi.describe());
+  MOECORE_CHECK(M % kDeepGemmBlock == 0, kApi,
+                ": the contiguous layout pads every expert's rows to a multiple of 128; "
+                "expected M a multiple of 128, got M=",
+                M);
+  std::vector<ExpertRows> segments;
+  std::vector<char> seen(static_cast<size_t>(E), 0);
+  const int32_t* ids = mi.ptr<int32_t>();
+  const int64_t stride = mi.view().strides[0];
+  for (int64_t r = 0; r < M;) {
+    const int64_t e = ids[r * stride];
+    MOECORE_CHECK_INDEX(e >= -1 && e < E, kApi, ": m_indices must be in [-1, ", E, "), got ", e,
+                        " at row ", r);
+    int64_t end = r + 1;
+    while (end < M && ids[end * stride] == e) ++end;
+    if (e >= 0) {
+      MOECORE_CHECK(!seen[e], kApi, ": m_indices: the rows of expert ", e,
+                    " must be contiguous, but it appears again at row ", r);
+      MOECORE_CHECK(r % kDeepGemmBlock == 0, kApi, ": m_indices: the rows of expert ", e,
+                    " must start on a 128-row boundary (DeepGEMM's contiguous-layout "
+                    "alignment), got row ",
+                    r);
+      seen[e] = 1;
+      segments.push_back({e, r, end - r});
+    }
+    r = end;
+  }
+  Tensor out = Tensor::zeros({M, H}, DType::kBF16);
+  run_expert_rows(spec, gemm, w, flat_rows(x, s, out), segments);
+  return out;
+}
+
 class DeepGemmRunnerCore : public RunnerCore {
  public:
   explicit DeepGemmRunnerCore(const MoeRunnerConfig& config)
@@ -234,81 +415,13 @@ class DeepGemmRunnerCore : public RunnerCore {
                       RunningState&) override {
     auto* in = dynamic_cast<const DeepGemmRunnerInput*>(runner_input.get());
     MOECORE_CHECK_DTYPE(in != nullptr, "DeepGemmRunnerCore.run: expected a DeepGemmRunnerInput");
-    MOECORE_CHECK(in->use_masked_gemm, kApi,
-                  ": the contiguous (m_indices) layout comes from the "
-                  "DeepEP normal dispatcher, which is not built; only the masked layout runs");
     const DeepGemmWeights w = check_weights(as_deep_gemm_info(quant_info));
-    const Tensor& x = in->hidden_states;
-    MOECORE_CHECK(x.defined() && x.ndim() == 3 && x.size(0) == w.num_experts &&
-                      x.size(2) == w.hidden && x.view().is_contiguous(),
-                  kApi, ": expected contiguous hidden_states [", w.num_experts, ", m, ", w.hidden,
-                  "], got ", x.describe());
-    MOECORE_CHECK_DTYPE(x.dtype() == (w.fp8 ? DType::kF8E4M3 : DType::kBF16), kApi,
-                        ": hidden_states must be ", w.fp8 ? "fp8_e4m3 codes" : "bf16",
-                        " for use_fp8=", w.fp8 ? "True" : "False", ", got ", x.describe());
-    const int64_t E = w.num_experts, m_cap = x.size(1), H = w.hidden, I = w.inter;
-    const int64_t groups = H / kDeepGemmBlock;
-    if (w.fp8) {
-      const Tensor& s = in->hidden_states_scale;
-      MOECORE_CHECK(s.defined() && s.dtype() == DType::kF32 &&
-                        s.view().shape_vector() == std::vector<int64_t>({E, m_cap, groups}) &&
-                        s.view().is_contiguous(),
-                    kApi, ": expected contiguous f32 hidden_states_scale [", E, ", ", m_cap, ", ",
-                    groups, "], got ", s.describe());
-    }
-    const Tensor& mm = in->masked_m;
-    MOECORE_CHECK(mm.defined() && mm.dtype() == DType::kI32 && mm.ndim() == 1 && mm.size(0) == E,
-                  kApi, ": expected masked_m int32 [", E, "], got ", mm.describe());
-    std::vector<int64_t> masked(E);
-    for (int64_t e = 0; e < E; ++e) {
-      masked[e] = mm.ptr<int32_t>()[e * mm.view().strides[0]];
-      MOECORE_CHECK(masked[e] >= 0 && masked[e] <= m_cap, kApi, ": masked_m[", e,
-                    "] must be in [0, ", m_cap, "], got ", masked[e]);
-    }
     auto out = std::make_shared<DeepGemmRunnerOutput>();
-    out->hidden_states = Tensor::zeros({E, m_cap, H}, DType::kBF16);
-    // Work items: (expert, 16-row chunk) in expert order; static schedule.
-    std::vector<std::pair<int64_t, int64_t>> items;
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t r = 0; r < masked[e]; r += kRowsPerItem) items.push_back({e, r});
-    const float* table = fp8_e4m3_table();
-    uint16_t* y_out = out->hidden_states.ptr<uint16_t>();
-    parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
-      std::vector<float> a(kRowsPerItem * H), sa(kRowsPerItem * groups), h1(kRowsPerItem * 2 * I),
-          act(kRowsPerItem * I), s2(kRowsPerItem * (I / kDeepGemmBlock)), y(kRowsPerItem * H);
-      const ActivationQuantizer quant2 =
-          make_act_quantizer(ActQuant::kFp8SiluPostGroup, 0.0f, kDeepGemmBlock, w.ue8m0);
-      for (int64_t it = begin; it < end; ++it) {
-        const auto [e, r0] = items[it];
-        const int64_t m = std::min(kRowsPerItem, masked[e] - r0);
-        ActivationCodes c1;
-        c1.codes = a.data();
-        c1.ld = H;
-        if (w.fp8) {
-          const uint8_t* q = x.ptr<uint8_t>() + (e * m_cap + r0) * H;
-          for (int64_t i = 0; i < m * H; ++i) a[i] = table[q[i]];
-          const float* s = in->hidden_states_scale.ptr<float>() + (e * m_cap + r0) * groups;
-          std::copy(s, s + m * groups, sa.begin());
-          c1.scales = sa.data();
-          c1.scales_per_row = groups;
-        } else {
-          load_f32(x.ptr<uint16_t>() + (e * m_cap + r0) * H, DType::kBF16, m * H, a.data());
-        }
-        scaled_gemm(c1, m, w.w13, e, 0, 2 * I, gemm_, h1.data(), 2 * I);
-        round_in_place(h1.data(), m * 2 * I, DType::kBF16);
-        apply_activation(spec_, h1.data(), 2 * I, act.data(), I, m, I);
-        ActivationCodes c2;
-        c2.codes = act.data();
-        c2.ld = I;
-        if (w.fp8) {
-          quant2(act.data(), m, I, I, s2.data());
-          c2.scales = s2.data();
-          c2.scales_per_row = I / kDeepGemmBlock;
-        }
-        scaled_gemm(c2, m, w.w2, e, 0, H, gemm_, y.data(), H);
-        store_f32(y.data(), m * H, DType::kBF16, y_out + (e * m_cap + r0) * H);
-      }
-    });
+    out->hidden_states =
+        in->use_masked_gemm
+            ? masked_core(spec_, gemm_, w, in->hidden_states, in->hidden_states_scale, in->masked_m)
+            : contiguous_core(spec_, gemm_, w, in->hidden_states, in->hidden_states_scale,
+                              in->m_indices);
     return out;
   }
 
@@ -339,6 +452,25 @@ std::unique_ptr<RunnerCore> make_deep_gemm_core(const MoeRunnerConfig& config) {
 }
 
 }  // namespace
+
+Tensor deep_gemm_masked_core(const MoeRunnerConfig& config, const DeepGemmMoeQuantInfo& info,
+                             const Tensor& hidden_states, const Tensor& hidden_states_scale,
+                             const Tensor& masked_m) {
+  const ActivationSpec spec = check_config(config);
+  const DeepGemmWeights w = check_weights(info);
+  return masked_core(spec, gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt,
+                     w, hidden_states, hidden_states_scale, masked_m);
+}
+
+Tensor deep_gemm_contiguous_core(const MoeRunnerConfig& config, const DeepGemmMoeQuantInfo& info,
+                                 const Tensor& hidden_states, const Tensor& hidden_states_scale,
+                                 const Tensor& m_indices) {
+  const ActivationSpec spec = check_config(config);
+  const DeepGemmWeights w = check_weights(info);
+  return contiguous_core(spec,
+                         gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt,
+                         w, hidden_states, hidden_states_scale, m_indices);
+}
 
 DeepGemmPreprocessed moe_ep_deepgemm_preprocess(const Tensor& topk_ids, int64_t num_local_experts,
                                                 const Tensor& hidden_states, bool use_fp8,

@@ -1,6 +1,7 @@
-// The permute math of the deep_gemm runner backend (deep_gemm.cpp), exposed for the bindings and
-// the tests: sglang's moe_ep_deepgemm_preprocess (standard → masked layout) and post_reorder
-// (masked layout → standard). Both validate their inputs and return new tensors.
+// The permute math and the runner core of the deep_gemm runner backend (deep_gemm.cpp), exposed
+// for the bindings and the tests: sglang's moe_ep_deepgemm_preprocess (standard → masked layout),
+// post_reorder (masked layout → standard), and the core on either layout (masked [E, m_max, H] +
+// masked_m, or contiguous [M, H] + m_indices). All validate their inputs and return new tensors.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
+#include "moecore/quant/quant_info.h"
+#include "moecore/runner/config.h"
 
 namespace moecore {
 
@@ -43,5 +46,23 @@ DeepGemmPreprocessed moe_ep_deepgemm_preprocess(const Tensor& topk_ids, int64_t 
 Tensor deepgemm_post_reorder(const Tensor& down_output, const Tensor& src2dst,
                              const Tensor& topk_ids, const Tensor& topk_weights,
                              std::optional<float> routed_scaling_factor);
+
+/// The deep_gemm runner core on the masked layout (what DeepGemmRunnerCore.run does with
+/// use_masked_gemm=True): hidden_states [E, m_max, H] (e4m3 codes + f32 hidden_states_scale
+/// [E, m_max, H/128], or bf16 with no scale), masked_m i32 [E] in [0, m_max]. Returns bf16
+/// [E, m_max, H]; rows past masked_m[e] are zero. `config` gives the activation (R15 guards,
+/// swiglu_limit) and the ISA level.
+Tensor deep_gemm_masked_core(const MoeRunnerConfig& config, const DeepGemmMoeQuantInfo& info,
+                             const Tensor& hidden_states, const Tensor& hidden_states_scale,
+                             const Tensor& masked_m);
+
+/// The same per-row contract on the contiguous layout (use_masked_gemm=False; sglang's
+/// ep_scatter output): hidden_states [M, H] (+ f32 scales [M, H/128] with FP8), m_indices i32
+/// [M] = the expert of each row, −1 for padding rows. Each expert's rows are one run starting on
+/// a 128-row boundary and M % 128 == 0. Returns bf16 [M, H]; padding rows are zero (a consumer
+/// must never read them). Row r's output equals the masked core's for the same row, bit for bit.
+Tensor deep_gemm_contiguous_core(const MoeRunnerConfig& config, const DeepGemmMoeQuantInfo& info,
+                                 const Tensor& hidden_states, const Tensor& hidden_states_scale,
+                                 const Tensor& m_indices);
 
 }  // namespace moecore

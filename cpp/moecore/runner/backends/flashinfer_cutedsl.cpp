@@ -128,7 +128,7 @@ CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInf
     const uint8_t* xq = x.ptr<uint8_t>();
     const uint8_t* xs = s.ptr<uint8_t>();
     load_row = [xq, xs, h](int64_t t, float* dst) {
-      decode_nvfp4_codes(xq + t * (h / 2), xs + t * (h / kNvfp4BlockSize), h, dst);
+      nvfp4_code_values_row(xq + t * (h / 2), xs + t * (h / kNvfp4BlockSize), h, dst);
     };
   } else {
     MOECORE_CHECK_DTYPE(is_activation_dtype(x.dtype()), kApi,

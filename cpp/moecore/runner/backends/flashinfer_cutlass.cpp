@@ -264,7 +264,7 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const StandardDisp
       const uint8_t* xq = x.ptr<uint8_t>();
       const uint8_t* xsf = xs.ptr<uint8_t>();
       p.load_row = [xq, xsf, h](int64_t row, float* dst) {
-        decode_nvfp4_codes(xq + row * (h / 2), xsf + row * (h / kNvfp4BlockSize), h, dst);
+        nvfp4_code_values_row(xq + row * (h / 2), xsf + row * (h / kNvfp4BlockSize), h, dst);
       };
     } else {
       p.load_row = float_rows(x, h);

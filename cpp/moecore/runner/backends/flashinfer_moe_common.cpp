@@ -177,23 +177,13 @@ RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tenso
 
 // ---------------------------------------------------------------------------------------------
 
-void decode_nvfp4_codes(const uint8_t* packed, const uint8_t* block_scales, int64_t k, float* out) {
-  for (int64_t b = 0; b < k / kNvfp4BlockSize; ++b) {
-    const float s = fp8_e4m3_to_f32(block_scales[b]);
-    for (int64_t i = b * kNvfp4BlockSize; i < (b + 1) * kNvfp4BlockSize; i += 2) {
-      out[i] = e2m1_to_f32(e2m1x2_lo(packed[i / 2])) * s;
-      out[i + 1] = e2m1_to_f32(e2m1x2_hi(packed[i / 2])) * s;
-    }
-  }
-}
-
 ActivationQuantizer nvfp4_quantizer(float global_scale) {
   return [global_scale](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
     std::vector<uint8_t> q(static_cast<size_t>(k / 2)), sf(static_cast<size_t>(k / 16));
     for (int64_t r = 0; r < m; ++r) {
       float* row = rows + r * ld;
       nvfp4_quantize_row(row, k, global_scale, q.data(), sf.data());
-      decode_nvfp4_codes(q.data(), sf.data(), k, row);
+      nvfp4_code_values_row(q.data(), sf.data(), k, row);
       scales[r] = 1.0f;
     }
   };
@@ -201,13 +191,12 @@ ActivationQuantizer nvfp4_quantizer(float global_scale) {
 
 ActivationQuantizer fp8_multiply_quantizer(float multiplier) {
   return [multiplier](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
+    std::vector<uint8_t> q(static_cast<size_t>(k));
     const float* table = fp8_e4m3_table();
     for (int64_t r = 0; r < m; ++r) {
       float* row = rows + r * ld;
-      for (int64_t i = 0; i < k; ++i) {
-        const float v = std::min(std::max(row[i] * multiplier, -kFp8E4M3Max), kFp8E4M3Max);
-        row[i] = table[f32_to_fp8_e4m3(v)];
-      }
+      fp8_quantize_row_mul(row, k, multiplier, q.data());
+      for (int64_t i = 0; i < k; ++i) row[i] = table[q[i]];
       scales[r] = 1.0f;
     }
   };

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "moecore/core/tensor.h"
+#include "moecore/formats/quantize.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/runner/expert_compute.h"
@@ -68,16 +69,16 @@ Tensor localize_expert_ids(const char* api, const Tensor& topk_ids, int64_t offs
 RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tensor& topk_weights);
 
 // ---------------------------------------------------------------------------------------------
-// Activation quantizers (ActivationQuantizer callbacks; one scale per row, always 1.0).
+// Activation quantizers (ActivationQuantizer callbacks; one scale per row, always 1.0). The
+// arithmetic is formats' (moecore/formats/quantize.h); these only adapt it to the callback.
 
-/// NVFP4 with a fp32 global scale gs: per 16-block, formats' nvfp4_quantize_row (spec §7.2);
-/// the row is replaced by the exact values e2m1 · s_e4m3 (the 1/gs factor lives in alpha).
+/// NVFP4 with a fp32 global scale gs: formats' nvfp4_quantize_row (sgl-kernel's NVFP4 quant
+/// kernel, spec §7.2); the row is replaced by nvfp4_code_values_row, the exact values
+/// e2m1 · s_e4m3 (the 1/gs factor lives in alpha).
 ActivationQuantizer nvfp4_quantizer(float global_scale);
-/// FP8 E4M3 per tensor: q = sat_e4m3(x · multiplier), the row replaced by the decoded codes.
+/// FP8 E4M3 per tensor with a given multiplier (FlashInfer's fp8 input quantizer, sgl-kernel's
+/// x · (1/scale)): formats' fp8_quantize_row_mul, the row replaced by the decoded codes.
 ActivationQuantizer fp8_multiply_quantizer(float multiplier);
-
-/// Decodes one packed NVFP4 row (k values) with its e4m3 block scales into e2m1 · s8 (exact).
-void decode_nvfp4_codes(const uint8_t* packed, const uint8_t* block_scales, int64_t k, float* out);
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks ("API: expected …, got …"); all throw before anything is written.

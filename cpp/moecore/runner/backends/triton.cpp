@@ -333,7 +333,7 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
       load_f32(tokens.x.at({t, 0}), tokens.x.dtype, H, row.data());
       amax = std::fmax(amax, amax_rows(row.data(), 1, H, H));
     }
-    plan.s1 = fp8_per_tensor_scale(amax);
+    plan.s1 = fp8_dynamic_scale(amax, 0.0f);  // per_tensor_absmax: no eps
   }
   set_quantizer(mlp.gemm1, plan.q1, plan.s1, plan.group, plan.integer);
   // Slot rows of the activation output; rows of invalid slots stay zero (sglang's kernel writes
@@ -366,7 +366,7 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
     }
   });
   if (plan.q2 == ActQuant::kFp8PerTensorDynamic)
-    plan.s2 = fp8_per_tensor_scale(amax_rows(h2.data(), T * k, I, I));
+    plan.s2 = fp8_dynamic_scale(amax_rows(h2.data(), T * k, I, I), 0.0f);
   set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
   parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
     std::vector<float> a(kBlockM * I), y(kBlockM * H), scale(kBlockM);
