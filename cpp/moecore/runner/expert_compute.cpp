@@ -187,12 +187,9 @@ ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, G
   return mlp;
 }
 
-namespace {
-
-// Runs one GEMM of the MLP on m input rows (fp32, stride k): quantizes a copy when the contract
-// says so, then the scaled GEMM over all N outputs of the expert into out [m, N].
-void run_gemm(const ExpertGemm& g, GemmRowsFn gemm, int64_t expert, const float* in, int64_t m,
-              std::vector<float>& scratch, std::vector<float>& scales, float* out) {
+void run_expert_gemm(const ExpertGemm& g, GemmRowsFn gemm, int64_t expert, const float* in,
+                     int64_t m, float* out) {
+  thread_local std::vector<float> scratch, scales;
   const int64_t k = g.weight.k;
   ActivationCodes codes;
   codes.codes = in;
@@ -209,39 +206,42 @@ void run_gemm(const ExpertGemm& g, GemmRowsFn gemm, int64_t expert, const float*
   scaled_gemm(codes, m, g.weight, expert, 0, g.weight.n, gemm, out, g.weight.n);
 }
 
-}  // namespace
+void expert_epilogue(float* rows, int64_t m, int64_t width, const TensorView& bias,
+                     int64_t expert, const float* row_scale, bool scale, DType act_dtype) {
+  thread_local std::vector<float> bias_row;
+  const bool has_bias = bias.data != nullptr;
+  if (has_bias) {
+    bias_row.resize(static_cast<size_t>(width));
+    load_f32(bias.at({expert, 0}), bias.dtype, width, bias_row.data());
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = rows + r * width;
+    for (int64_t c = 0; c < width; ++c) {
+      float v = has_bias ? row[c] + bias_row[c] : row[c];
+      if (scale) v *= row_scale[r];
+      row[c] = round_to(act_dtype, v);
+    }
+  }
+}
 
 void expert_mlp(const ExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
                 const float* row_scale, RowScaleAt scale_at, float* y) {
-  thread_local std::vector<float> h1, h2, bias, scratch, scales;
+  thread_local std::vector<float> h1, h2;
   const int64_t n1 = mlp.gemm1.weight.n;
   h1.resize(static_cast<size_t>(m * n1));
   h2.resize(static_cast<size_t>(m * mlp.inter));
-  bias.resize(static_cast<size_t>(std::max(n1, mlp.hidden)));
 
-  // Adds the bias row, applies the row scale where the contract puts it, rounds to act dtype.
-  auto epilogue = [&](float* rows, int64_t width, const TensorView& b, bool scale) {
-    const bool has_bias = b.data != nullptr;
-    if (has_bias) load_f32(b.at({expert, 0}), b.dtype, width, bias.data());
-    for (int64_t r = 0; r < m; ++r) {
-      float* row = rows + r * width;
-      for (int64_t c = 0; c < width; ++c) {
-        float v = has_bias ? row[c] + bias[c] : row[c];
-        if (scale) v *= row_scale[r];
-        row[c] = round_to(mlp.act_dtype, v);
-      }
-    }
-  };
-
-  run_gemm(mlp.gemm1, mlp.gemm, expert, a, m, scratch, scales, h1.data());
-  epilogue(h1.data(), n1, mlp.gemm1.bias, scale_at == RowScaleAt::kGemm1);
+  run_expert_gemm(mlp.gemm1, mlp.gemm, expert, a, m, h1.data());
+  expert_epilogue(h1.data(), m, n1, mlp.gemm1.bias, expert, row_scale,
+                  scale_at == RowScaleAt::kGemm1, mlp.act_dtype);
 
   ActivationSpec rounded = mlp.activation;
   rounded.round_dtype = mlp.act_dtype;
   apply_activation(rounded, h1.data(), n1, h2.data(), mlp.inter, m, mlp.inter);
 
-  run_gemm(mlp.gemm2, mlp.gemm, expert, h2.data(), m, scratch, scales, y);
-  epilogue(y, mlp.hidden, mlp.gemm2.bias, scale_at == RowScaleAt::kGemm2);
+  run_expert_gemm(mlp.gemm2, mlp.gemm, expert, h2.data(), m, y);
+  expert_epilogue(y, m, mlp.hidden, mlp.gemm2.bias, expert, row_scale,
+                  scale_at == RowScaleAt::kGemm2, mlp.act_dtype);
 }
 
 void combine_topk(const RoutedTokens& tokens, const TensorView& slot_out, bool weighted, float rsf,

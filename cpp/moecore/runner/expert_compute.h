@@ -82,6 +82,15 @@ struct ExpertMlp {
 /// The dense (unquantized) MLP over validated weights.
 ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, GemmRowsFn gemm);
 
+/// One GEMM of the MLP on m input rows `in` [m, K] (fp32, not modified): quantizes a copy when
+/// the GEMM has a quantizer, then the scaled GEMM over all N outputs of `expert` into out [m, N].
+void run_expert_gemm(const ExpertGemm& g, GemmRowsFn gemm, int64_t expert, const float* in,
+                     int64_t m, float* out);
+/// The epilogue after a GEMM: + bias row of `expert` (if any), × row_scale[r] when `scale`,
+/// rounded to act_dtype, in place on rows [m, width].
+void expert_epilogue(float* rows, int64_t m, int64_t width, const TensorView& bias,
+                     int64_t expert, const float* row_scale, bool scale, DType act_dtype);
+
 /// One expert's MLP on m rows a [m, H] (fp32 holding act-dtype values; not modified):
 ///   h1 = round(gemm1(q1(a)) + b13 (× row_scale if kGemm1)), h2 = round(act(h1)), and
 ///   y  = round(gemm2(q2(h2)) + b2 (× row_scale if kGemm2)), rounding to mlp.act_dtype.

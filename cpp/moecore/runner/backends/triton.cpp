@@ -169,6 +169,7 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
   const int64_t E = w.num_experts;
 
   ExpertMlp& mlp = plan.mlp;
+  mlp.gemm = gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt;
   WeightOperand& o1 = mlp.gemm1.weight;
   WeightOperand& o2 = mlp.gemm2.weight;
   if (q.use_fp8_w8a8 && !q.block_shape.empty()) {
@@ -267,45 +268,6 @@ ExpertWeights validated_weights(const TritonMoeQuantInfo& q, const MoeRunnerConf
   return make_quant_plan(q, config, x.dtype()).shape;
 }
 
-// Adds the bias row, applies the row scale where the contract puts it, rounds to act dtype
-// (expert_compute.cpp's epilogue, for the quantized pipeline below).
-void epilogue(const ExpertMlp& mlp, int64_t expert, float* rows, int64_t m, int64_t width,
-              const TensorView& b, const float* row_scale, bool scale, std::vector<float>& bias) {
-  const bool has_bias = b.data != nullptr;
-  if (has_bias) {
-    bias.resize(static_cast<size_t>(width));
-    load_f32(b.at({expert, 0}), b.dtype, width, bias.data());
-  }
-  for (int64_t r = 0; r < m; ++r) {
-    float* row = rows + r * width;
-    for (int64_t c = 0; c < width; ++c) {
-      float v = has_bias ? row[c] + bias[c] : row[c];
-      if (scale) v *= row_scale[r];
-      row[c] = round_to(mlp.act_dtype, v);
-    }
-  }
-}
-
-// One GEMM of the quantized pipeline on m rows `in` [m, K] (not modified): quantize a copy when
-// the GEMM has a quantizer, then the scaled GEMM into out [m, N].
-void quant_gemm(const ExpertGemm& g, int64_t expert, const float* in, int64_t m,
-                std::vector<float>& scratch, std::vector<float>& scales, float* out) {
-  const int64_t k = g.weight.k;
-  ActivationCodes codes;
-  codes.codes = in;
-  codes.ld = k;
-  if (g.quantize) {
-    scratch.assign(in, in + m * k);
-    scales.resize(static_cast<size_t>(m * g.scales_per_row));
-    g.quantize(scratch.data(), m, k, k, scales.data());
-    codes.codes = scratch.data();
-    codes.scales = scales.data();
-    codes.scales_per_row = g.scales_per_row;
-    codes.integer = g.integer_codes;
-  }
-  scaled_gemm(codes, m, g.weight, expert, 0, g.weight.n, nullptr, out, g.weight.n);
-}
-
 // Installs the quantizer of a GEMM for this call; a dynamic per-tensor rule becomes the static
 // rule with the scale the batch gives (amax of the whole GEMM input / 448).
 void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t group, bool integer) {
@@ -341,7 +303,6 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
   std::vector<float> h2(static_cast<size_t>(T * k * I), 0.0f);
   parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
     std::vector<float> a(kBlockM * H), h1(kBlockM * n1), act(kBlockM * I), scale(kBlockM);
-    std::vector<float> scratch, qscales, bias;
     std::vector<int64_t> slot(kBlockM);
     ActivationSpec spec = mlp.activation;
     spec.round_dtype = mlp.act_dtype;
@@ -357,9 +318,9 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
       }
       if (m == 0) continue;
       const int64_t e = experts[b];
-      quant_gemm(mlp.gemm1, e, a.data(), m, scratch, qscales, h1.data());
-      epilogue(mlp, e, h1.data(), m, n1, mlp.gemm1.bias, scale.data(),
-               scale_at == RowScaleAt::kGemm1, bias);
+      run_expert_gemm(mlp.gemm1, mlp.gemm, e, a.data(), m, h1.data());
+      expert_epilogue(h1.data(), m, n1, mlp.gemm1.bias, e, scale.data(),
+                      scale_at == RowScaleAt::kGemm1, mlp.act_dtype);
       apply_activation(spec, h1.data(), n1, act.data(), I, m, I);
       for (int64_t r = 0; r < m; ++r)
         std::copy(act.begin() + r * I, act.begin() + (r + 1) * I, h2.begin() + slot[r] * I);
@@ -370,7 +331,6 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
   set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
   parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
     std::vector<float> a(kBlockM * I), y(kBlockM * H), scale(kBlockM);
-    std::vector<float> scratch, qscales, bias;
     std::vector<int64_t> slot(kBlockM);
     for (int64_t b = begin; b < end; ++b) {
       int64_t m = 0;
@@ -384,9 +344,9 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
       }
       if (m == 0) continue;
       const int64_t e = experts[b];
-      quant_gemm(mlp.gemm2, e, a.data(), m, scratch, qscales, y.data());
-      epilogue(mlp, e, y.data(), m, H, mlp.gemm2.bias, scale.data(), scale_at == RowScaleAt::kGemm2,
-               bias);
+      run_expert_gemm(mlp.gemm2, mlp.gemm, e, a.data(), m, y.data());
+      expert_epilogue(y.data(), m, H, mlp.gemm2.bias, e, scale.data(),
+                      scale_at == RowScaleAt::kGemm2, mlp.act_dtype);
       for (int64_t r = 0; r < m; ++r)
         store_f32(y.data() + r * H, H, mlp.act_dtype, slots.at({slot[r] / k, slot[r] % k, 0}));
     }
