@@ -34,6 +34,30 @@ float unary(Activation kind, float x) {
   MOECORE_INTERNAL_CHECK(false, "unknown activation");
 }
 
+// Columns of gate[i] and up[i] in a GEMM1 output row of 2·inter values.
+int64_t gate_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
+  switch (spec.layout) {
+    case GateUpLayout::kGateUp:
+      return i;
+    case GateUpLayout::kUpGate:
+      return inter + i;
+    case GateUpLayout::kUpGateInterleaved:
+      return (2 * (i / spec.interleave_group) + 1) * spec.interleave_group + i % spec.interleave_group;
+  }
+  return i;
+}
+int64_t up_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
+  switch (spec.layout) {
+    case GateUpLayout::kGateUp:
+      return inter + i;
+    case GateUpLayout::kUpGate:
+      return i;
+    case GateUpLayout::kUpGateInterleaved:
+      return 2 * (i / spec.interleave_group) * spec.interleave_group + i % spec.interleave_group;
+  }
+  return inter + i;
+}
+
 }  // namespace
 
 void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
@@ -54,7 +78,7 @@ void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin,
       for (int64_t i = 0; i < inter; ++i) y[i] = round_to(rd, unary(spec.kind, x[i]));
     } else {
       for (int64_t i = 0; i < inter; ++i) {
-        float gate = x[i], up = x[inter + i];
+        float gate = x[gate_column(spec, i, inter)], up = x[up_column(spec, i, inter)];
         if (spec.swiglu_limit) {
           gate = std::min(gate, *spec.swiglu_limit);
           up = std::clamp(up, -*spec.swiglu_limit, *spec.swiglu_limit);

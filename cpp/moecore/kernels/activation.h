@@ -11,9 +11,18 @@
 
 namespace moecore {
 
+/// Where the gate and up halves sit in GEMM1's output row (the w13 row order).
+enum class GateUpLayout {
+  kGateUp,             // [gate | up] halves (sglang's canonical order)
+  kUpGate,             // [up | gate] halves (load_up_proj_weight_first)
+  kUpGateInterleaved,  // [up | gate] split into interleave_group chunks: U0, G0, U1, G1, … (CuteDSL)
+};
+
 struct ActivationSpec {
   Activation kind = Activation::SILU;
   bool gated = true;
+  GateUpLayout layout = GateUpLayout::kGateUp;
+  int64_t interleave_group = 64;
   /// GPT-OSS clamped SwiGLU (gemm1_alpha set): interleaved [g0, u0, g1, u1, ...] columns,
   /// out = min(g, L)·σ(α·min(g, L))·(clamp(u, −L, L) + β).
   std::optional<float> alpha;

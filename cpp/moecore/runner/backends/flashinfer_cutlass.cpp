@@ -90,7 +90,7 @@ const StandardDispatchOutput& as_standard(const DispatchOutputPtr& d) {
 
 // Everything one call needs, validated: the MLP, how to load input rows, the output dtype.
 struct Problem {
-  QuantExpertMlp mlp;
+  ExpertMlp mlp;
   int64_t num_experts = 0, hidden = 0;
   DType out_dtype = DType::kBF16;
   RowLoader load_row;
@@ -167,9 +167,9 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const StandardDisp
                 w2.describe());
   const int64_t e = w13.size(0);
   const bool gated = spec.gated;
-  QuantExpertMlp& mlp = p.mlp;
+  ExpertMlp& mlp = p.mlp;
   mlp.activation = spec;
-  mlp.order = gated ? W13Order::kUpGate : W13Order::kGateUp;
+  mlp.activation.layout = gated ? GateUpLayout::kUpGate : GateUpLayout::kGateUp;
   mlp.gemm = gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt;
 
   if (q.quant_type == "bf16") {
@@ -191,8 +191,8 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const StandardDisp
                         dtype_name(w13.dtype()), "), got ", x.describe());
     p.load_row = float_rows(x, h);
     p.out_dtype = output_dtype_or(q, x.dtype());
-    mlp.w13 = operand(WeightCoding::kDense, w13, e, w13.size(1), h);
-    mlp.w2 = operand(WeightCoding::kDense, w2, e, h, inter);
+    mlp.gemm1.weight = operand(WeightCoding::kDense, w13, e, w13.size(1), h);
+    mlp.gemm2.weight = operand(WeightCoding::kDense, w2, e, h, inter);
     mlp.hidden = h;
     mlp.inter = inter;
   } else if (q.quant_type == "fp8") {
@@ -215,12 +215,12 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const StandardDisp
     check_global_scale(kApi, "quant_scales[3] (fc1_input_dequant)", in_dq);
     p.load_row = float_rows(x, h);  // hidden_states_scale is dropped, as in sglang
     p.out_dtype = output_dtype_or(q, x.dtype());
-    mlp.w13 = operand(WeightCoding::kFp8, w13, e, w13.size(1), h);
-    mlp.w13.scale = q.quant_scales[0].view();
-    mlp.w2 = operand(WeightCoding::kFp8, w2, e, h, inter);
-    mlp.w2.scale = q.quant_scales[2].view();
-    mlp.quantize1 = fp8_multiply_quantizer(1.0f / in_dq);  // sgl-kernel: x · (1/scale)
-    mlp.quantize2 = fp8_multiply_quantizer(fc2_quant);
+    mlp.gemm1.weight = operand(WeightCoding::kFp8, w13, e, w13.size(1), h);
+    mlp.gemm1.weight.scale = q.quant_scales[0].view();
+    mlp.gemm2.weight = operand(WeightCoding::kFp8, w2, e, h, inter);
+    mlp.gemm2.weight.scale = q.quant_scales[2].view();
+    mlp.gemm1.quantize = fp8_multiply_quantizer(1.0f / in_dq);  // sgl-kernel: x · (1/scale)
+    mlp.gemm2.quantize = fp8_multiply_quantizer(fc2_quant);
     mlp.hidden = h;
     mlp.inter = inter;
   } else if (q.quant_type == "fp4") {
@@ -268,15 +268,15 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const StandardDisp
       };
     } else {
       p.load_row = float_rows(x, h);
-      mlp.quantize1 = nvfp4_quantizer(a1);
+      mlp.gemm1.quantize = nvfp4_quantizer(a1);
     }
-    mlp.w13 = operand(WeightCoding::kNvfp4, w13, e, n1, h);
-    mlp.w13.scale = sf13.view();
-    mlp.w13.alpha = q.quant_scales[2].view();
-    mlp.w2 = operand(WeightCoding::kNvfp4, w2, e, h, inter);
-    mlp.w2.scale = sf2.view();
-    mlp.w2.alpha = q.quant_scales[5].view();
-    mlp.quantize2 = nvfp4_quantizer(a2);
+    mlp.gemm1.weight = operand(WeightCoding::kNvfp4, w13, e, n1, h);
+    mlp.gemm1.weight.scale = sf13.view();
+    mlp.gemm1.weight.alpha = q.quant_scales[2].view();
+    mlp.gemm2.weight = operand(WeightCoding::kNvfp4, w2, e, h, inter);
+    mlp.gemm2.weight.scale = sf2.view();
+    mlp.gemm2.weight.alpha = q.quant_scales[5].view();
+    mlp.gemm2.quantize = nvfp4_quantizer(a2);
     p.keep_alive.push_back(sf13);
     p.keep_alive.push_back(sf2);
     mlp.hidden = h;

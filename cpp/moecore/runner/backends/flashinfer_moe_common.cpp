@@ -1,6 +1,6 @@
-// Shared pieces of the FlashInfer runner backends (see flashinfer_moe_common.h). The MLP is the
-// scalar reference of both contracts: scaled_gemm's canonical fp32 dot, one rounding to the
-// activation dtype at each of the three points the header names.
+// Shared pieces of the FlashInfer runner backends (see flashinfer_moe_common.h). The expert MLP
+// itself is expert_compute's: scaled_gemm's canonical fp32 dot, one rounding to the activation
+// dtype after each GEMM and after the activation.
 #include "moecore/runner/backends/flashinfer_moe_common.h"
 
 #include <algorithm>
@@ -21,72 +21,9 @@ namespace {
 
 constexpr int64_t kBlockM = 16;  // rows per expert block (moe_align_block_size's BLOCK_SIZE_M)
 
-// Scaled GEMM of one expert on m rows (stride k) into out [m, N], quantizing a copy first when
-// the contract says so.
-void gemm_rows(const WeightOperand& w, const ActivationQuantizer& quantize, GemmRowsFn gemm,
-               int64_t expert, const float* in, int64_t m, std::vector<float>& scratch,
-               std::vector<float>& scales, float* out) {
-  ActivationCodes codes;
-  codes.codes = in;
-  codes.ld = w.k;
-  if (quantize) {
-    scratch.assign(in, in + m * w.k);
-    scales.assign(static_cast<size_t>(m), 1.0f);
-    quantize(scratch.data(), m, w.k, w.k, scales.data());
-    codes.codes = scratch.data();
-    codes.scales = scales.data();
-    codes.scales_per_row = 1;
-  }
-  scaled_gemm(codes, m, w, expert, 0, w.n, gemm, out, w.n);
-}
-
-// Position of canonical column c (gate half first: c < inter is gate[c], else up[c − inter]) in
-// GEMM1's output row for the given w13 order.
-int64_t source_column(W13Order order, int64_t c, int64_t inter, int64_t group) {
-  const bool gate = c < inter;
-  const int64_t i = gate ? c : c - inter;
-  switch (order) {
-    case W13Order::kGateUp:
-      return c;
-    case W13Order::kUpGate:
-      return gate ? inter + i : i;
-    case W13Order::kUpGateInterleaved:
-      // Chunk g of each half sits at 2g (up) / 2g + 1 (gate) in units of `group` rows.
-      return (2 * (i / group) + (gate ? 1 : 0)) * group + i % group;
-  }
-  return c;
-}
-
 }  // namespace
 
-void quant_expert_mlp(const QuantExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
-                      float* y) {
-  thread_local std::vector<float> h1, canon, h2, scratch, scales;
-  const int64_t n1 = mlp.w13.n;
-  h1.resize(static_cast<size_t>(m * n1));
-  h2.resize(static_cast<size_t>(m * mlp.inter));
-
-  gemm_rows(mlp.w13, mlp.quantize1, mlp.gemm, expert, a, m, scratch, scales, h1.data());
-  round_in_place(h1.data(), m * n1, mlp.act_dtype);
-
-  const float* act_in = h1.data();
-  if (mlp.activation.gated && mlp.order != W13Order::kGateUp) {
-    canon.resize(static_cast<size_t>(m * n1));
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < n1; ++c)
-        canon[r * n1 + c] =
-            h1[r * n1 + source_column(mlp.order, c, mlp.inter, mlp.interleave_group)];
-    act_in = canon.data();
-  }
-  ActivationSpec spec = mlp.activation;
-  spec.round_dtype = mlp.act_dtype;
-  apply_activation(spec, act_in, n1, h2.data(), mlp.inter, m, mlp.inter);
-
-  gemm_rows(mlp.w2, mlp.quantize2, mlp.gemm, expert, h2.data(), m, scratch, scales, y);
-  round_in_place(y, m * mlp.hidden, mlp.act_dtype);
-}
-
-Tensor run_routed_experts(const QuantExpertMlp& mlp, const RoutedTokens& local,
+Tensor run_routed_experts(const ExpertMlp& mlp, const RoutedTokens& local,
                           int64_t num_local_experts, const RowLoader& load_row) {
   const int64_t hidden = mlp.hidden;
   Tensor slots = Tensor::zeros({local.num_tokens, local.top_k, hidden}, mlp.act_dtype);
@@ -109,7 +46,7 @@ Tensor run_routed_experts(const QuantExpertMlp& mlp, const RoutedTokens& local,
         ++m;
       }
       if (m == 0) continue;
-      quant_expert_mlp(mlp, experts[b], a.data(), m, y.data());
+      expert_mlp(mlp, experts[b], a.data(), m, nullptr, RowScaleAt::kNone, y.data());
       for (int64_t r = 0; r < m; ++r)
         store_f32(y.data() + r * hidden, hidden, mlp.act_dtype,
                   out.at({slot[r] / local.top_k, slot[r] % local.top_k, 0}));

@@ -1,5 +1,5 @@
-// Shared pieces of the FlashInfer runner backends (flashinfer_cutlass, flashinfer_cutedsl): the
-// quantized expert MLP with its three w13 row orders, activation quantizers (NVFP4, FP8 static),
+// Shared pieces of the FlashInfer runner backends (flashinfer_cutlass, flashinfer_cutedsl):
+// activation quantizers (NVFP4, FP8 static),
 // global → local expert ids, the (token, slot) loop and argument checks. Not a public API: only
 // the backend files include it. Nothing here may read process-wide state or depend on the thread
 // count (static schedule, per-row math).
@@ -17,41 +17,13 @@
 
 namespace moecore::flashinfer_detail {
 
-/// Row order of w13 (and so of GEMM1's output columns).
-enum class W13Order {
-  kGateUp,             // [Gate; Up] halves (or one non-gated block)
-  kUpGate,             // [Up; Gate] halves (load_up_proj_weight_first)
-  kUpGateInterleaved,  // [Up; Gate] split into `interleave_group` chunks: [U0, G0, U1, G1, …]
-};
-
-/// One expert MLP of a quantized FlashInfer contract:
-///   h1 = round_act(GEMM1(q1(a)))          (fp32 accumulation, alpha/scales applied in fp32)
-///   h2 = round_act(act(gate(h1), up(h1)))  (fp32 activation on the canonical halves)
-///   y  = round_act(GEMM2(q2(h2)))
-/// q1/q2 empty means the GEMM input is used as it is (already codes, or dense).
-struct QuantExpertMlp {
-  WeightOperand w13, w2;
-  ActivationQuantizer quantize1, quantize2;
-  W13Order order = W13Order::kGateUp;
-  int64_t interleave_group = 64;
-  ActivationSpec activation;
-  DType act_dtype = DType::kBF16;
-  GemmRowsFn gemm = nullptr;  // dense kernel row (bf16 contract); unused by scaled paths
-  int64_t hidden = 0, inter = 0;
-};
-
-/// y [m, H] (fp32 holding act-dtype values) for m rows a [m, H] (fp32) of local expert `expert`.
-/// Per row and independent of m (batch invariance).
-void quant_expert_mlp(const QuantExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
-                      float* y);
-
 /// Loads token t's GEMM1 input row (H fp32 values) into dst.
 using RowLoader = std::function<void(int64_t t, float* dst)>;
 
 /// Runs every (token, slot) with a local id ≥ 0 through its expert and returns the slot outputs
 /// [T, k, H] in mlp.act_dtype (zeros for slots with id −1). Rows are grouped by expert in
 /// blocks (moe_align_block_size order); the schedule is static.
-Tensor run_routed_experts(const QuantExpertMlp& mlp, const RoutedTokens& local,
+Tensor run_routed_experts(const ExpertMlp& mlp, const RoutedTokens& local,
                           int64_t num_local_experts, const RowLoader& load_row);
 
 /// Σ_j w[t, j] · slots[t, j] over valid slots in fp32, slot order, rounded once to out's dtype;
