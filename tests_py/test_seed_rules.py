@@ -729,7 +729,11 @@ R15_CASES = [
 @pytest.mark.parametrize("cfg, exc, pattern", R15_CASES)
 def test_R15_activation_guards(backend, cfg, exc, pattern):
     with pytest.raises(exc, match=pattern):
-        moecore.MoeRunner(backend, moecore.MoeRunnerConfig(**cfg))
+        runner = moecore.MoeRunner(backend, moecore.MoeRunnerConfig(**cfg))
+        # Built (no guard fired) and kept the configuration it was given.
+        assert runner.runner_backend.value == backend
+        for name, value in cfg.items():
+            assert getattr(runner.config, name) == pytest.approx(value)
     with pytest.raises(exc, match=pattern):
         moecore.FusedMoE(
             num_experts=E,
@@ -775,7 +779,11 @@ def test_R15_valid_activations_build(backend):
         {"gemm1_alpha": 1.702, "gemm1_clamp_limit": 7.0},
         {"no_combine": True, "inplace": False},
     ):
-        moecore.MoeRunner(backend, moecore.MoeRunnerConfig(**cfg))
+        runner = moecore.MoeRunner(backend, moecore.MoeRunnerConfig(**cfg))
+        # Built (no guard fired) and kept the configuration it was given.
+        assert runner.runner_backend.value == backend
+        for name, value in cfg.items():
+            assert getattr(runner.config, name) == pytest.approx(value)
 
 
 # ---------------------------------------------------------------------------------------------
