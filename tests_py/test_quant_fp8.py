@@ -1232,7 +1232,7 @@ BAD = [
     ("dg-ue8m0-not-pow2", _dg_case(scale_ue8m0=True), ValueError, "needs w13_scale to hold powers of two"),
     ("dg-ue8m0-nan", _dg_case(scale_ue8m0=True, w13_scale=lambda dg: np.full((4, 2, 2), np.nan, F32)), ValueError, "must be finite and > 0"),
     ("dg-fp4-experts", _dg_case(is_fp4_experts=True), NotImplementedError, "is_fp4_experts"),
-    ("dg-bf16-weights-use-fp8", _dg_case(w13_weight=lambda dg: dg.p.w13), TypeError, "use_fp8=True expects fp8_e4m3fn weights"),
+    ("dg-bf16-weights-use-fp8", _dg_case(w13_weight=lambda dg: dg.p.w13), TypeError, "w13_weight must be fp8_e4m3fn"),
     ("dg-bf16-with-scales", _dg_case(use_fp8=False, w13_weight=lambda dg: dg.p.w13, w2_weight=lambda dg: dg.p.w2), ValueError, "takes no w13_scale/w2_scale"),
     ("dg-wrong-payload", lambda: moecore.MoeRunner("deep_gemm", moecore.MoeRunnerConfig(inplace=False)).run(
         moecore.StandardDispatchOutput(np.zeros((1, 256), BF16), topk_output=moecore.StandardTopKOutput(np.ones((1, 1), F32), np.zeros((1, 1), np.int32))),

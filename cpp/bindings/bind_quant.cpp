@@ -24,6 +24,19 @@ void check_expert_shapes(const char* cls, const Tensor& w13, const Tensor& w2, c
                 cls, ": b2 must be [", w2.size(0), ", ", w2.size(1), "], got ", b2.describe());
 }
 
+// Field dtype check at construction: an undefined (None) field passes; otherwise its dtype must
+// be one of `allowed` (e.g. packed FP4 may arrive as uint8, as sglang stores it).
+void check_field_dtype(const char* cls, const char* field, const Tensor& t,
+                       std::initializer_list<DType> allowed) {
+  if (!t.defined()) return;
+  std::string names;
+  for (DType d : allowed) {
+    if (t.dtype() == d) return;
+    names += std::string(names.empty() ? "" : " or ") + dtype_name(d);
+  }
+  MOECORE_THROW(DTypeError, cls, ": ", field, " must be ", names, ", got ", t.describe());
+}
+
 std::string field_repr(const char* name, const Tensor& t) {
   return std::string(name) + "=" + t.describe();
 }
@@ -169,6 +182,11 @@ void bind_quant(py::module_& m) {
                             "[E, H, I], got ", q->w13_weight.describe(), " and ", q->w2_weight.describe());
               MOECORE_CHECK(!use_fp8 || (q->w13_scale.defined() && q->w2_scale.defined()),
                             "DeepGemmMoeQuantInfo: use_fp8=True needs w13_scale and w2_scale");
+              const char* c = "DeepGemmMoeQuantInfo";
+              for (auto [f, t] : {std::pair{"w13_weight", &q->w13_weight}, {"w2_weight", &q->w2_weight}})
+                check_field_dtype(c, f, *t, {use_fp8 ? DType::kF8E4M3 : DType::kBF16});
+              check_field_dtype(c, "w13_scale", q->w13_scale, {DType::kF32});
+              check_field_dtype(c, "w2_scale", q->w2_scale, {DType::kF32});
               return q;
             }),
             py::kw_only(), "w13_weight"_a, "w2_weight"_a, "use_fp8"_a, "w13_scale"_a = py::none(),
@@ -209,6 +227,12 @@ void bind_quant(py::module_& m) {
               MOECORE_CHECK(local_expert_offset >= 0, "CuteDslFp4MoeQuantInfo: "
                             "local_expert_offset must be >= 0, got ", local_expert_offset);
               q->local_expert_offset = local_expert_offset;
+              const char* c = "CuteDslFp4MoeQuantInfo";
+              for (auto [f, t] : {std::pair{"w13_weight", &q->w13_weight}, {"w2_weight", &q->w2_weight}})
+                check_field_dtype(c, f, *t, {DType::kU8, DType::kFp4E2M1x2});
+              for (auto [f, t] : {std::pair{"w1_alpha", &q->w1_alpha}, {"w2_alpha", &q->w2_alpha},
+                                  {"a1_scale", &q->a1_scale}, {"a2_scale", &q->a2_scale}})
+                check_field_dtype(c, f, *t, {DType::kF32});
               MOECORE_CHECK(q->w13_weight.ndim() == 3 && q->w2_weight.ndim() == 3 &&
                                 q->w13_weight.size(0) == q->w2_weight.size(0),
                             "CuteDslFp4MoeQuantInfo: expected w13_weight [E, 2I, H/2] and "
@@ -252,6 +276,16 @@ void bind_quant(py::module_& m) {
               q->swiglu_alpha = to_tensor(alpha, "FlashInferMxfp4CutlassMoeQuantInfo.swiglu_alpha");
               q->swiglu_beta = to_tensor(beta, "FlashInferMxfp4CutlassMoeQuantInfo.swiglu_beta");
               q->swiglu_limit = to_tensor(limit, "FlashInferMxfp4CutlassMoeQuantInfo.swiglu_limit");
+              for (auto [f, t] : {std::pair{"w13_weight", &q->w13_weight}, {"w2_weight", &q->w2_weight}})
+                check_field_dtype(c, f, *t, {DType::kU8, DType::kFp4E2M1x2});
+              for (auto [f, t] : {std::pair{"w13_weight_scale", &q->w13_weight_scale},
+                                  {"w2_weight_scale", &q->w2_weight_scale}})
+                check_field_dtype(c, f, *t, {DType::kU8, DType::kE8M0});
+              check_field_dtype(c, "w13_bias", q->w13_bias, {DType::kBF16});
+              check_field_dtype(c, "w2_bias", q->w2_bias, {DType::kBF16});
+              for (auto [f, t] : {std::pair{"swiglu_alpha", &q->swiglu_alpha}, {"swiglu_beta", &q->swiglu_beta},
+                                  {"swiglu_limit", &q->swiglu_limit}})
+                check_field_dtype(c, f, *t, {DType::kF32});
               const int given = q->swiglu_alpha.defined() + q->swiglu_beta.defined() + q->swiglu_limit.defined();
               MOECORE_CHECK(given == 0 || given == 3, c,
                             ": swiglu_alpha, swiglu_beta and swiglu_limit go together (all or none)");
