@@ -270,6 +270,11 @@ TEST(ExpertLayoutTest, AlignBlockSizeMatchesSglangLayout) {
   EXPECT_EQ(sorted, (std::vector<int32_t>{1, 4, 6, 6, 0, 2, 5, 6}));
   EXPECT_EQ(layout.expert_ids.ptr<int32_t>()[0], 0);
   EXPECT_EQ(layout.expert_ids.ptr<int32_t>()[1], 1);
+  int64_t slots[4];
+  ASSERT_EQ(block_slots(layout.sorted_token_ids.ptr<int32_t>(), 0, 4, 6, slots), 2);
+  EXPECT_EQ(std::vector<int64_t>(slots, slots + 2), (std::vector<int64_t>{1, 4}));
+  ASSERT_EQ(block_slots(layout.sorted_token_ids.ptr<int32_t>(), 1, 4, 6, slots), 3);
+  EXPECT_EQ(std::vector<int64_t>(slots, slots + 3), (std::vector<int64_t>{0, 2, 5}));
   SortedLayout sorted_layout = sort_by_expert(tokens, 3);
   const std::vector<int64_t> idxs(sorted_layout.idxs.ptr<int64_t>(),
                                   sorted_layout.idxs.ptr<int64_t>() + 5);

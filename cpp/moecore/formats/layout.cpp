@@ -435,6 +435,31 @@ Tensor deinterleave_moe_weights_for_sm90_mixed_gemm(const TensorView& weight,
   return sm90_fp4_weights(weight, quant_type, true);
 }
 
+namespace {
+// Moves scale bytes between the linear [E, rows, K/group] layout and FlashInfer's folded
+// [E, rows/64, K/128, folded_m, physical_cols] layout: folded element [e, a, kb, f, s·gpk + gi]
+// is linear element [e, a·64 + s·folded_m + f, kb·gpk + gi]. `fold` picks the direction.
+void move_sm90_scales(const char* src, char* dst, int64_t elem, int64_t e, int64_t rows,
+                      int64_t kb128, const Sm90ScaleGeometry& g, bool fold) {
+  const int64_t r64 = rows / 64, kgs = kb128 * g.gpk;
+  parallel_for(e * r64, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t ei = item / r64, a = item % r64;
+      for (int64_t kb = 0; kb < kb128; ++kb)
+        for (int64_t f = 0; f < g.folded_m; ++f)
+          for (int64_t s = 0; s < g.m_slices; ++s)
+            for (int64_t gi = 0; gi < g.gpk; ++gi) {
+              const int64_t folded =
+                  (((item * kb128 + kb) * g.folded_m + f) * g.physical_cols) + s * g.gpk + gi;
+              const int64_t linear = (ei * rows + a * 64 + s * g.folded_m + f) * kgs + kb * g.gpk + gi;
+              const int64_t o = fold ? folded : linear, i = fold ? linear : folded;
+              std::memcpy(dst + o * elem, src + i * elem, static_cast<size_t>(elem));
+            }
+    }
+  });
+}
+}  // namespace
+
 Tensor interleave_moe_scales_for_sm90_mixed_gemm(const TensorView& scales, int64_t group_size) {
   constexpr const char* kApi = "interleave_moe_scales_for_sm90_mixed_gemm";
   check_defined(scales, kApi, "scales");
@@ -451,21 +476,7 @@ Tensor interleave_moe_scales_for_sm90_mixed_gemm(const TensorView& scales, int64
   Tensor out = Tensor::empty({e, rows / 64, kb128, g.folded_m, g.physical_cols}, scales.dtype);
   const char* src = in.ptr<char>();
   char* dst = out.ptr<char>();
-  // Output element [e, a, kb, f, s·gpk + gi] ← scales[e, a·64 + s·folded_m + f, kb·gpk + gi].
-  parallel_for(e * (rows / 64), [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t ei = item / (rows / 64), a = item % (rows / 64);
-      for (int64_t kb = 0; kb < kb128; ++kb)
-        for (int64_t f = 0; f < g.folded_m; ++f)
-          for (int64_t s = 0; s < g.m_slices; ++s)
-            for (int64_t gi = 0; gi < g.gpk; ++gi) {
-              const int64_t o =
-                  (((item * kb128 + kb) * g.folded_m + f) * g.physical_cols) + s * g.gpk + gi;
-              const int64_t i = (ei * rows + a * 64 + s * g.folded_m + f) * kgs + kb * g.gpk + gi;
-              std::memcpy(dst + o * elem, src + i * elem, static_cast<size_t>(elem));
-            }
-    }
-  });
+  move_sm90_scales(src, dst, elem, e, rows, kb128, g, /*fold=*/true);
   return out;
 }
 
@@ -484,20 +495,7 @@ Tensor deinterleave_moe_scales_for_sm90_mixed_gemm(const TensorView& folded, int
   Tensor out = Tensor::empty({e, rows, kgs}, folded.dtype);
   const char* src = in.ptr<char>();
   char* dst = out.ptr<char>();
-  parallel_for(e * r64, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t ei = item / r64, a = item % r64;
-      for (int64_t kb = 0; kb < kb128; ++kb)
-        for (int64_t f = 0; f < g.folded_m; ++f)
-          for (int64_t s = 0; s < g.m_slices; ++s)
-            for (int64_t gi = 0; gi < g.gpk; ++gi) {
-              const int64_t i =
-                  (((item * kb128 + kb) * g.folded_m + f) * g.physical_cols) + s * g.gpk + gi;
-              const int64_t o = (ei * rows + a * 64 + s * g.folded_m + f) * kgs + kb * g.gpk + gi;
-              std::memcpy(dst + o * elem, src + i * elem, static_cast<size_t>(elem));
-            }
-    }
-  });
+  move_sm90_scales(src, dst, elem, e, rows, kb128, g, /*fold=*/false);
   return out;
 }
 

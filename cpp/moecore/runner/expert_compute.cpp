@@ -142,6 +142,16 @@ BlockLayout align_block_size(const RoutedTokens& tokens, int64_t num_experts, in
   return layout;
 }
 
+int64_t block_slots(const int32_t* sorted_token_ids, int64_t block, int64_t block_m,
+                    int64_t sentinel, int64_t* slots) {
+  int64_t m = 0;
+  for (int64_t r = 0; r < block_m; ++r) {
+    const int64_t s = sorted_token_ids[block * block_m + r];
+    if (s < sentinel) slots[m++] = s;
+  }
+  return m;
+}
+
 SortedLayout sort_by_expert(const RoutedTokens& tokens, int64_t num_experts) {
   SortedLayout layout;
   layout.tokens_per_expert = Tensor::zeros({num_experts}, DType::kI64);

@@ -45,6 +45,11 @@ struct BlockLayout {
 };
 BlockLayout align_block_size(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m);
 
+/// The valid slot indices t·k + j of block `block` of that layout, in order (entries at or past
+/// `sentinel` are padding); returns how many were written to `slots` (at most block_m).
+int64_t block_slots(const int32_t* sorted_token_ids, int64_t block, int64_t block_m,
+                    int64_t sentinel, int64_t* slots);
+
 /// The torch-native layout: valid slot indices stably sorted by expert, and per-expert counts.
 struct SortedLayout {
   Tensor idxs;               // i64 [num_valid]

@@ -37,13 +37,10 @@ Tensor run_routed_experts(const ExpertMlp& mlp, const RoutedTokens& local,
     std::vector<float> a(kBlockM * hidden), y(kBlockM * hidden);
     std::vector<int64_t> slot(kBlockM);
     for (int64_t b = begin; b < end; ++b) {
-      int64_t m = 0;
-      for (int64_t r = 0; r < kBlockM; ++r) {
-        const int64_t s = sorted[b * kBlockM + r];
-        if (s >= sentinel) continue;
-        slot[m] = s;
-        load_row(s / local.top_k, a.data() + m * hidden);
-        ++m;
+      const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t s = slot[r];
+        load_row(s / local.top_k, a.data() + r * hidden);
       }
       if (m == 0) continue;
       expert_mlp(mlp, experts[b], a.data(), m, nullptr, RowScaleAt::kNone, y.data());

@@ -307,14 +307,11 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
     ActivationSpec spec = mlp.activation;
     spec.round_dtype = mlp.act_dtype;
     for (int64_t b = begin; b < end; ++b) {
-      int64_t m = 0;
-      for (int64_t r = 0; r < kBlockM; ++r) {
-        const int64_t s = sorted[b * kBlockM + r];
-        if (s >= sentinel) continue;
-        slot[m] = s;
-        scale[m] = tokens.weight(s / k, s % k);
-        load_f32(tokens.x.at({s / k, 0}), tokens.x.dtype, H, a.data() + m * H);
-        ++m;
+      const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t s = slot[r];
+        scale[r] = tokens.weight(s / k, s % k);
+        load_f32(tokens.x.at({s / k, 0}), tokens.x.dtype, H, a.data() + r * H);
       }
       if (m == 0) continue;
       const int64_t e = experts[b];
@@ -333,14 +330,11 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* s
     std::vector<float> a(kBlockM * I), y(kBlockM * H), scale(kBlockM);
     std::vector<int64_t> slot(kBlockM);
     for (int64_t b = begin; b < end; ++b) {
-      int64_t m = 0;
-      for (int64_t r = 0; r < kBlockM; ++r) {
-        const int64_t s = sorted[b * kBlockM + r];
-        if (s >= sentinel) continue;
-        slot[m] = s;
-        scale[m] = tokens.weight(s / k, s % k);
-        std::copy(h2.begin() + s * I, h2.begin() + (s + 1) * I, a.begin() + m * I);
-        ++m;
+      const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t s = slot[r];
+        scale[r] = tokens.weight(s / k, s % k);
+        std::copy(h2.begin() + s * I, h2.begin() + (s + 1) * I, a.begin() + r * I);
       }
       if (m == 0) continue;
       const int64_t e = experts[b];
@@ -421,15 +415,12 @@ class TritonRunnerCore : public RunnerCore {
       std::vector<float> a(kBlockM * w.hidden), y(kBlockM * w.hidden), scale(kBlockM);
       std::vector<int64_t> slot(kBlockM);
       for (int64_t b = begin; b < end; ++b) {
-        int64_t m = 0;
-        for (int64_t r = 0; r < kBlockM; ++r) {
-          const int64_t s = sorted[b * kBlockM + r];
-          if (s >= sentinel) continue;
-          slot[m] = s;
-          scale[m] = tokens.weight(s / tokens.top_k, s % tokens.top_k);
+        const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t s = slot[r];
+          scale[r] = tokens.weight(s / tokens.top_k, s % tokens.top_k);
           load_f32(tokens.x.at({s / tokens.top_k, 0}), tokens.x.dtype, w.hidden,
-                   a.data() + m * w.hidden);
-          ++m;
+                   a.data() + r * w.hidden);
         }
         if (m == 0) continue;
         expert_mlp(mlp, experts[b], a.data(), m, scale.data(), scale_at, y.data());
