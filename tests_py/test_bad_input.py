@@ -393,13 +393,10 @@ CONSTRUCTION_CASES = [
         id="runner-marlin-fused-only",
     ),
     P(
-        lambda w: _runner("flashinfer_cutedsl", a2a="deepep"),
+        lambda w: _runner("marlin", a2a="deepep"),
         Uns,
-        L(
-            "Runner backend MoeRunnerBackend.FLASHINFER_CUTEDSL requires a fused func for a2a "
-            "backend deepep"
-        ),
-        id="runner-cutedsl-deepep-fused-only",
+        L("Runner backend MoeRunnerBackend.MARLIN requires a fused func for a2a backend deepep"),
+        id="runner-marlin-deepep-fused-only",
     ),
     P(
         lambda w: _runner("triton", a2a="bogus"),
@@ -1560,7 +1557,7 @@ LAYER_CASES = [
     P(
         lambda w: _layer(a2a_backend="deepep"),
         Inv,
-        L("FusedMoE: a2a backend 'deepep' needs an expert-parallel"),
+        L("FusedMoE: a2a backend 'deepep' needs a transport"),
         id="layer-a2a-deepep",
     ),
     P(
@@ -1635,15 +1632,16 @@ LAYER_CASES = [
         lambda w: _layer(runner_backend="marlin").process_weights_after_loading(),
         Uns,
         L(
-            "runner backend 'marlin' is not supported for unquantized MoE (supported: auto, triton, torch_native)"
+            "runner backend 'marlin' is not supported for unquantized MoE (supported: auto, triton, "
+            "torch_native, deep_gemm)"
         ),
         id="layer-marlin-unquantized",
     ),
     P(
         lambda w: _layer(runner_backend="deep_gemm").process_weights_after_loading(),
-        Uns,
-        L("runner backend 'deep_gemm' is not supported for unquantized MoE"),
-        id="layer-deep-gemm-unquantized",
+        DT,
+        L("runner backend 'deep_gemm' runs DeepGEMM BF16, which needs bf16 weights"),
+        id="layer-deep-gemm-unquantized-f32",
     ),
     P(
         lambda w: _layer().forward(w(_D()["x"]), w(_D()["x"][:, :E].copy())),
@@ -2096,6 +2094,147 @@ PROCESS_CASES = [
     ),
 ]
 
+# ---------------------------------------------------------------------------------------------
+# Expert parallelism: transports, the DeepEP / FlashInfer dispatchers, ExpertParallelGroup.
+
+EP_H = 128
+
+
+def _deepep(ranks=1, **kw):
+    args = dict(num_experts=4, num_local_experts=4 // ranks, hidden_size=EP_H, top_k=2,
+                num_max_dispatch_tokens_per_rank=4)
+    args.update(kw)
+    return moecore.DeepEPDispatcher(moecore.LoopbackGroup(ranks).transport(0), **args)
+
+
+def _flashinfer(**kw):
+    args = dict(num_experts=4, num_local_experts=4, hidden_size=EP_H, top_k=2)
+    args.update(kw)
+    return moecore.FlashinferDispatcher(moecore.LoopbackGroup(1).transport(0), **args)
+
+
+def _ep_batch(w, t=3, dtype=ml_dtypes.bfloat16, ids=None, h=EP_H):
+    x = w(np.ones((t, h), dtype))
+    ids = w(np.array([[0, 1]] * t, np.int32) if ids is None else ids)
+    return x, moecore.StandardTopKOutput(w(np.full(ids.shape, 0.5, np.float32)), ids)
+
+
+def _ep_dispatch(w, d=None, **kw):
+    x, topk = _ep_batch(w, **kw)
+    return (d or _deepep()).dispatch(x, topk)
+
+
+def _deepep_with(mode, config, w):
+    d = _deepep(mode=mode)
+    d.set_quant_config(config)
+    return _ep_dispatch(w, d)
+
+
+def _deepep_combine_wrong_format(w):
+    d = _deepep(mode="low_latency")
+    _ep_dispatch(w, d)
+    d.combine(moecore.DeepEPNormalCombineInput(w(np.zeros((3, 2, EP_H), ml_dtypes.bfloat16)),
+                                               np.zeros((3, 2), np.int32),
+                                               np.zeros((3, 2), np.float32)))
+
+
+def _deepep_combine_bad_shape(w):
+    d = _deepep(mode="low_latency")
+    _ep_dispatch(w, d)
+    d.combine(moecore.DeepEPLLCombineInput(w(np.zeros((4, 3, EP_H), ml_dtypes.bfloat16)),
+                                           np.zeros((3, 2), np.int32),
+                                           np.zeros((3, 2), np.float32)))
+
+
+def _deepep_combine_f32(w):
+    d = _deepep(mode="normal")
+    _ep_dispatch(w, d)
+    d.combine(moecore.DeepEPNormalCombineInput(w(np.zeros((3, 2, EP_H), np.float32)),
+                                               np.zeros((3, 2), np.int32),
+                                               np.zeros((3, 2), np.float32)))
+
+
+def _deepep_twice(w):
+    d = _deepep()
+    x, topk = _ep_batch(w)
+    d.dispatch_a(x, topk)
+    d.dispatch_a(x, topk)
+
+
+def _flashinfer_combine_bad_shape(w):
+    d = _flashinfer()
+    _ep_dispatch(w, d)
+    d.combine(moecore.FlashinferCombineInput(w(np.zeros((2, EP_H), ml_dtypes.bfloat16))))
+
+
+def _group(ranks=2, **kw):
+    args = dict(num_experts=4, hidden_size=EP_H, intermediate_size=64,
+                topk_config=moecore.TopKConfig(top_k=2), runner_backend="deep_gemm",
+                num_max_dispatch_tokens_per_rank=4)
+    args.update(kw)
+    return moecore.ExpertParallelGroup(ranks, **args)
+
+
+def _group_forward(w, hidden, logits, ranks=2):
+    g = _group(ranks)
+    g.process_weights_after_loading()
+    return g.forward([w(h) for h in hidden], [w(x) for x in logits], is_extend_in_batch=True)
+
+
+_BF = ml_dtypes.bfloat16
+EP_CASES = [
+    P(lambda w: moecore.LoopbackGroup(0), Inv, L("expected 1..1024 ranks, got 0"), id="loopback-zero-ranks"),
+    P(lambda w: moecore.LoopbackGroup(2).transport(2), OOR, L("rank must be in [0, 2), got 2"), id="loopback-rank-out-of-range"),
+    P(lambda w: moecore.DeepEPDispatcher(None, num_experts=4, num_local_experts=4, hidden_size=8, top_k=1), Inv, L("a transport is required"), id="deepep-no-transport"),
+    P(lambda w: _deepep(num_local_experts=3), Inv, L("must divide evenly over 1 ranks"), id="deepep-uneven-experts"),
+    P(lambda w: _deepep(ranks=3), Inv, L("num_experts (4) must divide evenly over 3 ranks"), id="deepep-experts-not-dividing-ranks"),
+    P(lambda w: _deepep(top_k=5), Inv, L("expected top_k in [1, 4], got 5"), id="deepep-topk-too-large"),
+    P(lambda w: _deepep(hidden_size=0), Inv, L("expected hidden_size and num_experts > 0"), id="deepep-zero-hidden"),
+    P(lambda w: _deepep(num_max_dispatch_tokens_per_rank=1025), Inv, L("must be in [1, 1024], got 1025"), id="deepep-capacity-above-1024"),
+    P(lambda w: _deepep(expert_alignment=0), Inv, L("expected expert_alignment >= 1"), id="deepep-alignment-zero"),
+    P(lambda w: _deepep(mode="sometimes"), Inv, "DeepEPMode", id="deepep-unknown-mode"),
+    P(lambda w: _deepep(round_scale=True, runner_backend="cutlass"), Inv, L("round_scale/use_ue8m0 apply only to an FP8 payload"), id="deepep-R5-round-scale-bf16"),
+    P(lambda w: _deepep(use_ue8m0=True, runner_backend="flashinfer_cutedsl"), Inv, L("round_scale/use_ue8m0"), id="deepep-R5-ue8m0-bf16"),
+    P(lambda w: _ep_dispatch(w, dtype=np.float32), DT, "hidden_states dtype must equal", id="deepep-hidden-f32"),
+    P(lambda w: _ep_dispatch(w, h=64), Inv, L("expected hidden_states [T, 128]"), id="deepep-hidden-wrong-width"),
+    P(lambda w: _ep_dispatch(w, ids=np.array([[0, 4]] * 3, np.int32)), OOR, L("topk_ids must be in [-1, 4), got 4"), id="deepep-id-too-large"),
+    P(lambda w: _ep_dispatch(w, ids=np.array([[0, -2]] * 3, np.int32)), OOR, L("got -2"), id="deepep-id-below-minus-one"),
+    P(lambda w: _ep_dispatch(w, ids=np.array([[0]] * 3, np.int32)), Inv, L("expected top_k 2 ids per token, got 1"), id="deepep-wrong-topk-width"),
+    P(lambda w: _ep_dispatch(w, ids=np.array([[0, 1]] * 3, np.float32)), DT, "topk_ids must be int32 or int64", id="deepep-float-ids"),
+    P(lambda w: _ep_dispatch(w, _deepep(mode="low_latency"), t=5), Inv, L("low-latency dispatch of 5 tokens exceeds num_max_dispatch_tokens_per_rank = 4"), id="deepep-ll-capacity-overflow"),
+    P(lambda w: _deepep_with("low_latency", {"input_global_scale": -1.0}, w), Inv, L("input_global_scale'] must be finite and > 0"), id="deepep-negative-global-scale"),
+    P(lambda w: _deepep_with("low_latency", {"input_global_scale": np.ones(2, np.float32)}, w), DT, L("must hold one float32 value"), id="deepep-global-scale-two-values"),
+    P(lambda w: _deepep_with("low_latency", {"dispatcher_output_dtype": "int8"}, w), Uns, L("'int8' is not supported"), id="deepep-int8-payload"),
+    P(lambda w: _deepep_with("low_latency", {"dispatcher_output_dtype": "fp16"}, w), Inv, L("expected dispatcher_output_dtype bf16, fp8 or nvfp4, got 'fp16'"), id="deepep-unknown-payload"),
+    P(lambda w: _deepep_with("low_latency", {"dispatcher_output_dtype": "nvfp4"}, w), Inv, L("an NVFP4 payload needs quant_config['input_global_scale']"), id="deepep-nvfp4-without-scale"),
+    P(lambda w: _deepep_with("low_latency", {"dispatcher_output_dtype": 3}, w), DT, L("must be a string"), id="deepep-payload-not-string"),
+    P(lambda w: _deepep().dispatch_b(), CA, L("dispatch_b: called in stage INITIAL, expected AFTER_DISPATCH_A"), id="deepep-dispatch-b-first"),
+    P(lambda w: _deepep().combine_b(), CA, L("combine_b: called in stage INITIAL"), id="deepep-combine-b-first"),
+    P(_deepep_twice, CA, L("dispatch_a: called in stage AFTER_DISPATCH_A, expected INITIAL"), id="deepep-dispatch-a-twice"),
+    P(_deepep_combine_wrong_format, DT, L("this round ran low_latency, so expected a DeepEPLLCombineInput"), id="deepep-combine-wrong-format"),
+    P(_deepep_combine_bad_shape, Inv, L("expected contiguous hidden_states [4, 4, 128]"), id="deepep-combine-bad-shape"),
+    P(_deepep_combine_f32, DT, L("expected bf16 expert outputs"), id="deepep-combine-f32"),
+    P(lambda w: _flashinfer(num_local_experts=2), Inv, L("must divide evenly over 1 ranks"), id="flashinfer-uneven-experts"),
+    P(lambda w: _flashinfer(top_k=0), Inv, L("expected top_k in [1, 4], got 0"), id="flashinfer-topk-zero"),
+    P(lambda w: _ep_dispatch(w, _flashinfer(), dtype=np.float32), DT, "hidden_states dtype must equal", id="flashinfer-hidden-f32"),
+    P(lambda w: _ep_dispatch(w, _flashinfer(), ids=np.array([[0, 9]] * 3, np.int32)), OOR, L("got 9"), id="flashinfer-id-too-large"),
+    P(lambda w: _flashinfer().combine(moecore.FlashinferCombineInput(np.zeros((1, EP_H), _BF))), CA, L("called before dispatch"), id="flashinfer-combine-first"),
+    P(_flashinfer_combine_bad_shape, Inv, L("expected contiguous hidden_states [3, 128]"), id="flashinfer-combine-bad-shape"),
+    P(lambda w: _group(a2a_backend="none"), Inv, L("expected a2a_backend deepep or flashinfer, got 'none'"), id="ep-group-a2a-none"),
+    P(lambda w: _group(ranks=3), Inv, L("num_experts (4) must divide evenly over 3 ranks"), id="ep-group-uneven"),
+    P(lambda w: _group(quant_method=5), DT, L("quant_method must be a callable"), id="ep-group-method-not-callable"),
+    P(lambda w: _group(a2a_backend="mooncake"), Inv, L("got 'mooncake'"), id="ep-group-mooncake"),
+    P(lambda w: _group(runner_backend="triton"), CA, L("Unquantized DeepEP low-latency MoE requires DeepGEMM BF16"), id="ep-group-R6-triton"),
+    P(lambda w: _group(deepep_mode="normal"), Uns, L("legacy DeepEPMoE path"), id="ep-group-legacy-path"),
+    P(lambda w: _group(runner_backend="marlin"), Uns, L("requires a fused func for a2a backend deepep"), id="ep-group-R1-marlin"),
+    P(lambda w: _group_forward(w, [np.ones((2, EP_H), _BF)], [np.ones((2, 4), np.float32)]), Inv, L("expected one entry per rank (2), got 1"), id="ep-group-forward-one-rank-given"),
+    P(lambda w: _group_forward(w, [np.ones((2, EP_H), _BF), np.ones((2, 64), _BF)], [np.ones((2, 4), np.float32)] * 2), Inv, L("expected hidden_states [T, 128]"), id="ep-group-forward-bad-width"),
+    P(lambda w: _group(ranks=2).layers[0].dispatcher.dispatch_b(), CA, L("called in stage INITIAL"), id="ep-group-layer-dispatcher-order"),
+    P(lambda w: moecore.FusedMoE(num_experts=4, hidden_size=EP_H, intermediate_size=64, topk_config=moecore.TopKConfig(top_k=2), a2a_backend="deepep", runner_backend="deep_gemm"), Inv, L("needs a transport"), id="layer-deepep-no-transport"),
+    P(lambda w: moecore.FusedMoE(num_experts=4, hidden_size=EP_H, intermediate_size=64, topk_config=moecore.TopKConfig(top_k=2), a2a_backend="deepep", runner_backend="deep_gemm", transport=moecore.LoopbackGroup(2).transport(1)), Inv, L("ep_size/ep_rank (1/0) must match the transport (2/1)"), id="layer-deepep-transport-mismatch"),
+]
+
+
 CASES = (
     CONFIG_CASES
     + CONSTRUCTION_CASES
@@ -2106,6 +2245,7 @@ CASES = (
     + LAYER_CASES
     + WEIGHT_LOADER_CASES
     + PROCESS_CASES
+    + EP_CASES
 )
 
 

@@ -637,9 +637,9 @@ def test_R17_cutedsl_version_fixed_at_construction():
     )
 
 
-def test_R17_cutedsl_v1_is_not_built():
-    with pytest.raises(NotImplementedError, match="a2a backend deepep"):
-        moecore.MoeRunner(CUTEDSL, moecore.MoeRunnerConfig(), a2a_backend="deepep")
+def test_R17_cutedsl_v1_is_a_fused_func_for_deepep():
+    runner = moecore.MoeRunner(CUTEDSL, moecore.MoeRunnerConfig(), a2a_backend="deepep")
+    assert runner.uses_fused_func and runner.a2a_backend.value == "deepep"
 
 
 @pytest.mark.parametrize("case", ["gelu", "arwoi", "bypassed", "nongated"])

@@ -26,9 +26,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPECTED_FUSED = {("none", "triton"), ("none", "torch_native"),
                   ("none", "flashinfer_cutlass"), ("flashinfer", "flashinfer_cutlass"),
                   ("none", "flashinfer_cutedsl"), ("flashinfer", "flashinfer_cutedsl"),
-                  ("none", "flashinfer_mxfp4")}
-EXPECTED_PRE = {("standard", "triton"), ("standard", "torch_native"), ("standard", "deep_gemm")}
-EXPECTED_POST = {("triton", "standard"), ("torch_native", "standard"), ("deep_gemm", "standard")}
+                  ("deepep", "flashinfer_cutedsl"), ("none", "flashinfer_mxfp4")}
+EXPECTED_PRE = {("standard", "triton"), ("standard", "torch_native"), ("standard", "deep_gemm"),
+                ("deepep_ll", "deep_gemm"), ("deepep_normal", "deep_gemm")}
+EXPECTED_POST = {("triton", "standard"), ("torch_native", "standard"), ("deep_gemm", "standard"),
+                 ("deep_gemm", "deepep_ll"), ("deep_gemm", "deepep_normal")}
 EXPECTED_CORES = {"triton", "torch_native", "deep_gemm"}
 ORIGIN_FILE = {
     "triton": "cpp/moecore/runner/backends/triton.cpp",

@@ -12,6 +12,8 @@ void bind_core(py::module_& m);
 void bind_formats(py::module_& m);
 void bind_routing(py::module_& m);
 void bind_dispatch(py::module_& m);
+void bind_dispatch_ep_outputs(py::module_& m);
+void bind_ep_dispatchers(py::module_& m);
 void bind_quant(py::module_& m);
 void bind_quant_fp8(py::module_& m);
 void bind_quant_nvfp4(py::module_& m);

@@ -13,15 +13,19 @@ void bind_quant_nvfp4(py::module_& m) {
       m, "ModelOptNvFp4FusedMoEMethod",
       "NVFP4 (ModelOpt FP4) experts: packed e2m1 weights, e4m3 16-block scales, fp32 per-tensor "
       "weight and input scales (sglang modelopt_quant.py). Backends flashinfer_cutlass (also for "
-      "'auto') and flashinfer_cutedsl v2; the choice, the CuteDSL version and the [Up, Gate] load "
-      "order are fixed when the layer is built. One instance per layer.")
-      .def(py::init<>())
+      "'auto') and flashinfer_cutedsl (v1 under a2a deepep: [Gate, Up], swizzled scales, "
+      "per-expert alphas; v2 otherwise); the choice, the CuteDSL version and the load order are "
+      "fixed when the layer is built. nvfp4_dispatch (sglang's SGLANG_MOE_NVFP4_DISPATCH, v1 "
+      "only): the DeepEP dispatcher sends NVFP4. One instance per layer.")
+      .def(py::init<bool>(), py::kw_only(), "nvfp4_dispatch"_a = false)
       .def("quant_info", &ModelOptNvFp4FusedMoEMethod::quant_info, "layer"_a,
            "The QuantInfo apply() passes to the runner (after process_weights_after_loading).")
       .def_property_readonly(
           "resolved_backend",
           [](const ModelOptNvFp4FusedMoEMethod& q) { return from_enum(q.resolved_backend()); })
       .def_property_readonly("is_cutedsl_v2", &ModelOptNvFp4FusedMoEMethod::is_cutedsl_v2)
+      .def_property_readonly("is_cutedsl_v1", &ModelOptNvFp4FusedMoEMethod::is_cutedsl_v1)
+      .def_property_readonly("nvfp4_dispatch", &ModelOptNvFp4FusedMoEMethod::nvfp4_dispatch)
       .def_property_readonly("weights_processed", &ModelOptNvFp4FusedMoEMethod::weights_processed);
 
   m.def(

@@ -9,6 +9,8 @@ PYBIND11_MODULE(_moecore, m) {
   bind_formats(m);
   bind_routing(m);
   bind_dispatch(m);
+  bind_dispatch_ep_outputs(m);
+  bind_ep_dispatchers(m);
   bind_quant(m);
   bind_quant_fp8(m);
   bind_quant_nvfp4(m);

@@ -23,6 +23,17 @@ class BaseDispatcher {
   virtual DispatchOutputPtr dispatch(const Tensor& hidden_states, const TopKOutput& topk) = 0;
   virtual Tensor combine(const CombineInputPtr& combine_input) = 0;
 
+  /// Experts this rank computes (its weights' leading dim).
+  virtual int64_t num_local_experts() const = 0;
+  /// This rank's local id of a global expert, or −1 when another rank owns it.
+  virtual int64_t local_expert_id(int64_t global_expert_id) const = 0;
+  /// The global → local id map dispatch applies to a standard top-k output (i32 [E]); undefined
+  /// when dispatched ids stay global or the dispatcher builds its own layout (DeepEP, FlashInfer).
+  virtual const Tensor& local_expert_mapping() const;
+  /// Forgets a dispatch/combine round that failed midway, so the next dispatch starts clean.
+  /// Call only when no peer is inside a collective (e.g. after LoopbackGroup::run returned).
+  virtual void abort_round() {}
+
   /// Merges keys into the quant config (sglang's set_quant_config replaces the dict; moecore
   /// replaces too, so both read the same).
   void set_quant_config(QuantConfig config) { quant_config_ = std::move(config); }
@@ -58,11 +69,11 @@ class StandardDispatcher : public BaseDispatcher {
 
   /// Global → local id map, i32 [num_experts], applied by dispatch (undefined when dispatch does
   /// not map: ep_size 1, or a runner backend that takes global ids).
-  const Tensor& local_expert_mapping() const { return local_expert_mapping_; }
-  /// This rank's local id of a global expert, or −1 when another rank owns it — the ownership
-  /// rule whether or not dispatch maps ids (weights are sliced the same way either way).
-  int64_t local_expert_id(int64_t global_expert_id) const;
-  int64_t num_local_experts() const { return num_local_routed_experts_ + num_shared_; }
+  const Tensor& local_expert_mapping() const override { return local_expert_mapping_; }
+  /// The ownership rule holds whether or not dispatch maps ids (weights are sliced the same way
+  /// either way).
+  int64_t local_expert_id(int64_t global_expert_id) const override;
+  int64_t num_local_experts() const override { return num_local_routed_experts_ + num_shared_; }
   int64_t ep_size() const { return ep_size_; }
   int64_t ep_rank() const { return ep_rank_; }
 
@@ -70,6 +81,12 @@ class StandardDispatcher : public BaseDispatcher {
   int64_t num_experts_, ep_size_, ep_rank_, num_shared_, num_local_routed_experts_;
   Tensor local_expert_mapping_;
 };
+
+/// The even expert placement of the expert-parallel dispatchers: rank r owns global experts
+/// [r·L, (r+1)·L) as local ids [0, L).
+inline int64_t evenly_placed_local_id(int64_t global_expert_id, int64_t num_local, int64_t rank) {
+  return global_expert_id / num_local == rank ? global_expert_id % num_local : -1;
+}
 
 /// True for runner backends whose kernels take global expert ids (no local mapping).
 bool uses_global_expert_ids(MoeRunnerBackend backend);

@@ -16,6 +16,11 @@ StandardTopKOutput to_standard(const TopKOutput& topk) {
   return std::get<BypassedTopKOutput>(topk).to_standard();
 }
 
+const Tensor& BaseDispatcher::local_expert_mapping() const {
+  static const Tensor kNone;
+  return kNone;
+}
+
 bool uses_global_expert_ids(MoeRunnerBackend b) {
   switch (b) {
     case MoeRunnerBackend::FLASHINFER_CUTLASS:

@@ -56,7 +56,7 @@ struct StandardDispatchOutput : DispatchOutput {
 
 /// DeepEPNormalDispatchOutput: the tokens this rank received, each once, ordered by source rank
 /// then source token index. hidden_states [N_recv, H] (bf16, or e4m3 with hidden_states_scale
-/// f32 [N_recv, H/128]); topk_ids i32 [N_recv, k] as this rank's local expert ids (−1 for
+/// f32 [N_recv, H/128], or packed e2m1 u8 [N_recv, H/2] with e4m3 [N_recv, H/16]); topk_ids i32 [N_recv, k] as this rank's local expert ids (−1 for
 /// experts other ranks own); topk_weights f32 [N_recv, k]; num_recv_tokens_per_expert[e] =
 /// (token, slot) pairs for local expert e, rounded up to the dispatcher's expert alignment.
 struct DeepEPNormalDispatchOutput : DispatchOutput {
@@ -84,8 +84,12 @@ struct DeepEPLLDispatchOutput : DispatchOutput {
 };
 
 /// FlashinferDispatchOutput(hidden_states, hidden_states_scale, topk_output, moe_output,
-/// output_dtype): hidden bf16, or packed NVFP4 [T, H/2] with e4m3 scales when the dispatcher
-/// quantized; moe_output, when defined, is where a fused func writes its [T, H] result.
+/// output_dtype): hidden bf16, or packed NVFP4 [T, H/2] with linear e4m3 scales [T, H/16] when
+/// the dispatcher quantized; moe_output, when defined, is where a fused func writes its [T, H]
+/// result. From FlashinferDispatcher, T = R·M rows (M = the largest per-rank token count):
+/// rank s's tokens that route here fill rows [s·M, s·M + n_s) with their GLOBAL ids and
+/// weights; other rows are invalid tokens (zero hidden, weights 0, ids = −1 for deep_gemm /
+/// trtllm runners, else num_experts). The runner sums only this rank's experts per row.
 struct FlashinferDispatchOutput : DispatchOutput {
   Tensor hidden_states;
   Tensor hidden_states_scale;
@@ -118,7 +122,8 @@ struct DeepEPLLCombineInput : CombineInput {
   CombineInputFormat format() const override { return CombineInputFormat::DEEPEP_LL; }
 };
 
-/// FlashinferCombineInput(hidden_states [T, H]).
+/// FlashinferCombineInput(hidden_states [T, H]): per dispatched row, the weighted sum over the
+/// experts this rank owns (FlashinferDispatcher adds the ranks' partial sums per token).
 struct FlashinferCombineInput : CombineInput {
   Tensor hidden_states;
   explicit FlashinferCombineInput(Tensor h = {}) : hidden_states(std::move(h)) {}

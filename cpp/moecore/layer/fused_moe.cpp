@@ -4,6 +4,9 @@
 #include <cstring>
 
 #include "moecore/core/error.h"
+#include "moecore/dispatch/deepep.h"
+#include "moecore/dispatch/flashinfer.h"
+#include "moecore/runner/runner.h"
 
 namespace moecore {
 FusedMoE::FusedMoE(FusedMoEOptions options, std::shared_ptr<FusedMoEMethod> quant_method)
@@ -24,13 +27,9 @@ FusedMoE::FusedMoE(FusedMoEOptions options, std::shared_ptr<FusedMoEMethod> quan
                       o.ep_rank, "/", o.ep_size, ")");
   MOECORE_CHECK(o.intermediate_size % o.tp_size == 0, api, ": intermediate_size ",
                 o.intermediate_size, " must divide evenly over tp_size ", o.tp_size);
-  MOECORE_CHECK(a2a_backend_ == MoeA2ABackend::NONE, api, ": a2a backend '",
-                to_string(a2a_backend_), "' needs an expert-parallel dispatcher; FusedMoE runs "
-                "the standard dispatcher (a2a 'none')");
   const int64_t shared = o.topk_config.num_fused_shared_experts;
-  dispatcher_ = std::make_shared<StandardDispatcher>(o.num_experts, o.ep_size, o.ep_rank, shared,
-                                                     runner_backend_);
   validate_topk_config(o.topk_config, o.num_experts - shared);
+  dispatcher_ = make_dispatcher();
   num_local_experts_ = dispatcher_->num_local_experts();
   inter_per_partition_ = o.intermediate_size / o.tp_size;
 
@@ -45,8 +44,77 @@ FusedMoE::FusedMoE(FusedMoEOptions options, std::shared_ptr<FusedMoEMethod> quan
   config_.params_dtype = o.params_dtype;
   activation_spec(config_, api);  // reject bad activation settings at construction
 
+  if (a2a_backend_ == MoeA2ABackend::DEEPEP) {
+    // sglang builds the runner in __init__: a fused-only backend with no fused func for deepep
+    // fails here with rule R1's message (moecore's runner is otherwise built after loading).
+    if (runner_backend_ != MoeRunnerBackend::AUTO)
+      MoeRunner(runner_backend_, config_, a2a_backend_);
+    deprecate_flag_ = deepep_deprecate_flag();
+  }
   quant_method_->create_weights(*this, num_local_experts_, o.hidden_size, inter_per_partition_,
                                 o.params_dtype, o.with_bias);
+}
+
+std::shared_ptr<BaseDispatcher> FusedMoE::make_dispatcher() const {
+  const FusedMoEOptions& o = options_;
+  const char* api = "FusedMoE";
+  const int64_t shared = o.topk_config.num_fused_shared_experts;
+  if (a2a_backend_ == MoeA2ABackend::NONE)
+    return std::make_shared<StandardDispatcher>(o.num_experts, o.ep_size, o.ep_rank, shared,
+                                                runner_backend_);
+  if (a2a_backend_ != MoeA2ABackend::DEEPEP && a2a_backend_ != MoeA2ABackend::FLASHINFER)
+    MOECORE_UNSUPPORTED(api, ": a2a backend '", to_string(a2a_backend_), "' is not supported "
+                        "(supported: none, deepep, flashinfer)");
+  MOECORE_CHECK(o.transport != nullptr, api, ": a2a backend '", to_string(a2a_backend_),
+                "' needs a transport (e.g. LoopbackGroup.transport(rank) or "
+                "moecore.ExpertParallelGroup)");
+  MOECORE_CHECK(o.ep_size == o.transport->size() && o.ep_rank == o.transport->rank(), api,
+                ": ep_size/ep_rank (", o.ep_size, "/", o.ep_rank, ") must match the transport (",
+                o.transport->size(), "/", o.transport->rank(), ")");
+  MOECORE_CHECK(o.tp_size == 1, api, ": expert parallelism over a transport needs tp_size 1, got ",
+                o.tp_size);
+  if (shared > 0)
+    MOECORE_UNSUPPORTED(api, ": fused shared experts are not supported with a2a '",
+                        to_string(a2a_backend_), "'");
+  const int64_t local = o.num_experts % o.ep_size == 0 ? o.num_experts / o.ep_size : 0;
+  if (a2a_backend_ == MoeA2ABackend::FLASHINFER)
+    return std::make_shared<FlashinferDispatcher>(
+        o.transport, FlashinferDispatchConfig{o.num_experts, local, o.hidden_size,
+                                              o.topk_config.top_k, runner_backend_});
+  DeepEPConfig c;
+  c.num_experts = o.num_experts;
+  c.num_local_experts = local;
+  c.hidden_size = o.hidden_size;
+  c.top_k = o.topk_config.top_k;
+  c.mode = o.deepep_mode;
+  c.num_max_dispatch_tokens_per_rank = o.num_max_dispatch_tokens_per_rank;
+  c.runner_backend = runner_backend_;
+  c.expert_alignment = runner_backend_ == MoeRunnerBackend::DEEP_GEMM ? 128 : 1;  // DeepGEMM JIT
+  c.routed_scaling_factor = o.runner_config.routed_scaling_factor;
+  return std::make_shared<DeepEPDispatcher>(o.transport, c);
+}
+
+bool FusedMoE::deepep_deprecate_flag() const {
+  // sglang ep_moe/layer.py, first match wins; moecore has no aiter/NPU and DeepGEMM "JIT" is the
+  // deep_gemm runner backend.
+  const std::string quant = quant_method_->name();
+  if (quant == "Fp8MoEMethod") return true;
+  if (runner_backend_ == MoeRunnerBackend::FLASHINFER_CUTEDSL &&
+      quant == "ModelOptNvFp4FusedMoEMethod")
+    return true;
+  if (quant == "UnquantizedFusedMoEMethod" && options_.params_dtype == DType::kBF16 &&
+      enable_low_latency(options_.deepep_mode)) {
+    MOECORE_ASSERT(runner_backend_ == MoeRunnerBackend::DEEP_GEMM ||
+                       runner_backend_ == MoeRunnerBackend::AUTO,
+                   "Unquantized DeepEP low-latency MoE requires DeepGEMM BF16 (moecore: "
+                   "runner_backend 'deep_gemm', got '", to_string(runner_backend_), "')");
+    return true;
+  }
+  MOECORE_UNSUPPORTED("FusedMoE: a2a 'deepep' with ", quant, ", runner backend '",
+                      to_string(runner_backend_), "' and mode '", to_string(options_.deepep_mode),
+                      "' would take a legacy DeepEPMoE path (deprecate_flag False), which moecore "
+                      "does not build; supported: fp8, flashinfer_cutedsl + modelopt_fp4, and "
+                      "unquantized bf16 with deep_gemm in a mode that enables low_latency");
 }
 
 int64_t FusedMoE::local_expert_id(int64_t global_expert_id) const {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moecore/dispatch/dispatcher.h"
+#include "moecore/dispatch/transport.h"
 #include "moecore/quant/method.h"
 
 namespace moecore {
@@ -28,6 +29,10 @@ struct FusedMoEOptions {
   /// nullopt: the process-wide backends at construction (sglang reads them the same way).
   std::optional<MoeRunnerBackend> runner_backend;
   std::optional<MoeA2ABackend> a2a_backend;
+  /// a2a "deepep" / "flashinfer": this rank's transport (ep_size and ep_rank must match it).
+  TransportPtr transport;
+  DeepEPMode deepep_mode = DeepEPMode::AUTO;
+  int64_t num_max_dispatch_tokens_per_rank = 128;  // sglang's SGLANG_DEEPEP_NUM_MAX_DISPATCH_...
 };
 
 /// How weight_loader places a checkpoint tensor for one expert into a parameter (sglang attaches
@@ -50,7 +55,13 @@ struct ParamSpec {
 class FusedMoE {
  public:
   /// Builds the layer: validates sizes, creates the quant method's parameters (zeros) and the
-  /// dispatcher. The runner is built by process_weights_after_loading().
+  /// dispatcher (a2a none: StandardDispatcher; deepep: DeepEPDispatcher; flashinfer:
+  /// FlashinferDispatcher, both on options.transport). The runner is built by
+  /// process_weights_after_loading(). Under deepep it applies sglang's DeepEPMoE deprecate_flag
+  /// rules (§6.7): the generic path runs for fp8, for flashinfer_cutedsl + modelopt_fp4, and for
+  /// unquantized bf16 weights when the mode enables low-latency — which needs the deep_gemm
+  /// runner (moecore's stand-in for DeepGEMM JIT; rule R6). Every other combination would take
+  /// a legacy DeepEPMoE path moecore does not build, and is rejected.
   FusedMoE(FusedMoEOptions options, std::shared_ptr<FusedMoEMethod> quant_method = nullptr);
 
   /// sglang's weight_loader: copies one checkpoint tensor for global `expert_id` into the
@@ -81,22 +92,29 @@ class FusedMoE {
   int64_t num_local_experts() const { return num_local_experts_; }
   int64_t intermediate_size_per_partition() const { return inter_per_partition_; }
   const std::shared_ptr<FusedMoEMethod>& quant_method() const { return quant_method_; }
-  const std::shared_ptr<StandardDispatcher>& dispatcher() const { return dispatcher_; }
+  const std::shared_ptr<BaseDispatcher>& dispatcher() const { return dispatcher_; }
   /// Null until process_weights_after_loading().
   const std::shared_ptr<MoeRunner>& runner() const { return quant_method_->runner(); }
   /// Local id of a global expert on this EP rank, or −1.
   int64_t local_expert_id(int64_t global_expert_id) const;
   void set_overlap_args(std::any down, std::any meta);
+  /// sglang DeepEPMoE's deprecate_flag: true when the generic FusedMoE path runs (always true
+  /// for a2a other than deepep, since moecore builds no legacy path).
+  bool deprecate_flag() const { return deprecate_flag_; }
   void clear_overlap_args();
 
  private:
+  std::shared_ptr<BaseDispatcher> make_dispatcher() const;
+  bool deepep_deprecate_flag() const;
+
   FusedMoEOptions options_;
   MoeRunnerConfig config_;
   MoeRunnerBackend runner_backend_;
   MoeA2ABackend a2a_backend_;
   int64_t num_local_experts_ = 0, inter_per_partition_ = 0;
+  bool deprecate_flag_ = true;
   std::shared_ptr<FusedMoEMethod> quant_method_;
-  std::shared_ptr<StandardDispatcher> dispatcher_;
+  std::shared_ptr<BaseDispatcher> dispatcher_;
   struct Param {
     Tensor tensor;
     ParamSpec spec;

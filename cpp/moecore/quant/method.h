@@ -37,7 +37,8 @@ class FusedMoEMethod {
 
 /// UnquantizedFusedMoEMethod (sglang quantization/unquant.py): w13 [E, 2I, H] (or [E, I, H]
 /// non-gated) and w2 [E, H, I] in params_dtype, optional biases "w13_weight_bias" [E, 2I] and
-/// "w2_weight_bias" [E, H] (f32). Backends: triton (auto) and torch_native.
+/// "w2_weight_bias" [E, H] (f32). Backends: triton (auto), torch_native and deep_gemm (DeepGEMM
+/// BF16: bf16 weights, no biases).
 class UnquantizedFusedMoEMethod : public FusedMoEMethod {
  public:
   const char* name() const override { return "UnquantizedFusedMoEMethod"; }

@@ -168,14 +168,11 @@ void ModelOptNvFp4FusedMoEMethod::create_weights(FusedMoE& layer, int64_t num_ex
   MoeRunnerBackend backend = layer.runner_backend();
   if (backend == MoeRunnerBackend::AUTO) backend = MoeRunnerBackend::FLASHINFER_CUTLASS;
   if (backend == MoeRunnerBackend::FLASHINFER_CUTEDSL) {
-    if (layer.a2a_backend() == MoeA2ABackend::DEEPEP)
-      MOECORE_UNSUPPORTED(kName,
-                          ": the CuteDSL v1 path (a2a deepep) is not built in moecore "
-                          "yet; use a2a 'none' or 'flashinfer' (v2)");
-    MOECORE_CHECK(gated, kName,
-                  ": the CuteDSL v2 path runs gated SwiGLU only, got "
-                  "is_gated=False");
-    cutedsl_v2_ = true;
+    // sglang's is_flashinfer_cutedsl_v1_path: a2a deepep runs v1, anything else v2.
+    cutedsl_v1_ = layer.a2a_backend() == MoeA2ABackend::DEEPEP;
+    cutedsl_v2_ = !cutedsl_v1_;
+    MOECORE_CHECK(gated, kName, ": the CuteDSL ", cutedsl_v1_ ? "v1" : "v2",
+                  " path runs gated SwiGLU only, got is_gated=False");
   } else if (backend != MoeRunnerBackend::FLASHINFER_CUTLASS) {
     MOECORE_UNSUPPORTED(kName, ": runner backend '", to_string(backend),
                         "' is not supported for NVFP4 MoE in moecore (supported: auto, "
@@ -194,8 +191,11 @@ void ModelOptNvFp4FusedMoEMethod::create_weights(FusedMoE& layer, int64_t num_ex
                   ", apply_routed_scaling_factor_on_output=True, renormalize=True) so routing "
                   "applies it exactly once (the runner never does)");
   }
+  MOECORE_CHECK(!nvfp4_dispatch_ || cutedsl_v1_, kName,
+                ": nvfp4_dispatch (SGLANG_MOE_NVFP4_DISPATCH) applies to the CuteDSL v1 path "
+                "(runner flashinfer_cutedsl, a2a deepep) only");
   backend_ = backend;
-  up_first_ = gated;  // flashinfer_cutlass and CuteDSL v2 both load [Up, Gate]
+  up_first_ = gated && !cutedsl_v1_;  // flashinfer_cutlass and CuteDSL v2 load [Up, Gate]
 
   const int64_t e = num_experts, h = hidden_size;
   const int64_t e_global = layer.options().num_experts;
@@ -263,7 +263,7 @@ void ModelOptNvFp4FusedMoEMethod::process_weights_after_loading(FusedMoE& layer)
                 ": expected w13_input_scale > 0 for some expert, got all "
                 "zeros (were the input scales loaded?)");
   std::vector<float> in13, in2;  // per local expert (cutedsl) or one value (cutlass)
-  if (cutedsl_v2_) {
+  if (cutedsl_v2_ || cutedsl_v1_) {
     // CuteDSL standard path: the max over all experts, repeated; w2's per-expert scales sliced
     // to this rank's experts (sglang's _slice_scale).
     MOECORE_ASSERT(ep_size * e == e_global, kName,
@@ -296,7 +296,12 @@ void ModelOptNvFp4FusedMoEMethod::process_weights_after_loading(FusedMoE& layer)
   layer.register_parameter("g2_alphas", f32_tensor(g2));
   layer.register_parameter("w13_input_scale_quant", f32_tensor(q13));
   layer.register_parameter("w2_input_scale_quant", f32_tensor(q2));
-  layer.dispatcher()->set_quant_config({{"input_global_scale", std::monostate{}}});
+  // NVFP4 dispatch (v1): the dispatcher quantizes with the one w13 input scale (uniform here:
+  // the max over experts) and the kernel skips its own input quantization.
+  if (nvfp4_dispatch_)
+    layer.dispatcher()->set_quant_config({{"input_global_scale", f32_tensor({q13[0]})}});
+  else
+    layer.dispatcher()->set_quant_config({{"input_global_scale", std::monostate{}}});
 
   if (cutedsl_v2_) {  // v2 only: [Up, Gate] halves → 64-row chunks [U0, G0, U1, G1, …]
     layer.register_parameter(
@@ -374,6 +379,19 @@ QuantInfoPtr ModelOptNvFp4FusedMoEMethod::quant_info(const FusedMoE& layer) cons
     info->a1_scale = cutedsl_scales_.used_input_scale;
     info->a2_scale = cutedsl_scales_.fc2_input_scale;
     info->local_expert_offset = ids_local ? 0 : o.ep_rank * layer.num_local_experts();
+    return info;
+  }
+  if (cutedsl_v1_) {  // [Gate, Up] as loaded, swizzled scales, per-expert alphas and scales
+    auto info = std::make_shared<CuteDslFp4MoeQuantInfo>();
+    info->w13_weight = layer.parameter("w13_weight");
+    info->w2_weight = layer.parameter("w2_weight");
+    info->w13_weight_sf = layer.parameter("w13_blockscale_swizzled");
+    info->w2_weight_sf = layer.parameter("w2_blockscale_swizzled");
+    info->w1_alpha = layer.parameter("g1_alphas");
+    info->w2_alpha = layer.parameter("g2_alphas");
+    info->a1_scale = layer.parameter("w13_input_scale_quant");
+    info->a2_scale = layer.parameter("w2_input_scale_quant");
+    info->use_nvfp4_dispatch = nvfp4_dispatch_;
     return info;
   }
   auto info = std::make_shared<FlashInferCutlassMoeQuantInfo>();

@@ -45,11 +45,17 @@ CuteDslStandardScales resolve_cutedsl_standard_scales(const CuteDslScaleInputs& 
 /// [E, N1, H/16], w2_weight_scale e4m3 [E, H, I/16] (linear), w13_weight_scale_2 f32 [E, 2] (gated,
 /// one per shard) or [E], w2_weight_scale_2 f32 [E], w13_input_scale f32 [E_g, 2 or 1] and
 /// w2_input_scale f32 [E_g] (loaded for every global expert). Backends: flashinfer_cutlass (also
-/// for 'auto') and flashinfer_cutedsl v2 (a2a none / flashinfer). Routed scaling is folded into
+/// for 'auto'), flashinfer_cutedsl v2 (a2a none / flashinfer: [Up, Gate] 64-row interleaved, MMA
+/// scales, scalar input scales) and flashinfer_cutedsl v1 (a2a deepep: [Gate, Up] as loaded,
+/// 128×4-swizzled scales, per-expert alphas and input scales). Routed scaling is folded into
 /// the top-k weights by routing (TopKConfig.apply_routed_scaling_factor_on_output), never by
 /// the runner.
 class ModelOptNvFp4FusedMoEMethod : public FusedMoEMethod {
  public:
+  /// nvfp4_dispatch: sglang's SGLANG_MOE_NVFP4_DISPATCH — CuteDSL v1 only: the DeepEP
+  /// dispatcher is given input_global_scale and sends NVFP4, which the kernel takes as it is.
+  explicit ModelOptNvFp4FusedMoEMethod(bool nvfp4_dispatch = false)
+      : nvfp4_dispatch_(nvfp4_dispatch) {}
   const char* name() const override { return "ModelOptNvFp4FusedMoEMethod"; }
   void create_weights(FusedMoE& layer, int64_t num_experts, int64_t hidden_size,
                       int64_t intermediate_size_per_partition, DType params_dtype,
@@ -64,14 +70,18 @@ class ModelOptNvFp4FusedMoEMethod : public FusedMoEMethod {
   QuantInfoPtr quant_info(const FusedMoE& layer) const;
   /// The backend chosen at create_weights ('auto' resolved); AUTO before that.
   MoeRunnerBackend resolved_backend() const { return backend_; }
-  /// True when the layer runs the CuteDSL v2 path (decided at create_weights).
+  /// True when the layer runs the CuteDSL v2 / v1 path (decided at create_weights, R17).
   bool is_cutedsl_v2() const { return cutedsl_v2_; }
+  bool is_cutedsl_v1() const { return cutedsl_v1_; }
+  bool nvfp4_dispatch() const { return nvfp4_dispatch_; }
   bool weights_created() const { return created_; }
   bool weights_processed() const { return processed_; }
 
  private:
   MoeRunnerBackend backend_ = MoeRunnerBackend::AUTO;
   bool cutedsl_v2_ = false;
+  bool cutedsl_v1_ = false;
+  bool nvfp4_dispatch_ = false;
   bool up_first_ = false;
   bool created_ = false;
   bool processed_ = false;

@@ -34,6 +34,7 @@ from .quant import (
 __all__ = [
     "canonical_dot_f32",
     "cutedsl_quant_scale_to_scalar_ref",
+    "cutedsl_v1_masked_ref",
     "cutedsl_v2_moe_ref",
     "flashinfer_cutlass_moe_ref",
     "linear_scales_from_mma_ref",
@@ -307,6 +308,59 @@ def cutedsl_v2_moe_ref(
 
     local = _localize(topk_ids, local_expert_offset, e)
     return _run_moe(rows, local, topk_weights, e, expert, "bf16", h)
+
+
+def cutedsl_v1_masked_ref(
+    x,
+    masked_m,
+    *,
+    w13,
+    w2,
+    w13_weight_sf,
+    w2_weight_sf,
+    w1_alpha,
+    w2_alpha,
+    a1_scale,
+    a2_scale,
+    hidden_states_scale=None,
+) -> np.ndarray:
+    """The flashinfer_cutedsl v1 contract (flashinfer_cutedsl_moe_masked): w13 [Gate; Up] not
+    interleaved, 128×4-swizzled block scales, per-expert alphas and a1/a2 global scales ([E] or
+    one value). x: bf16 [E, M, H], or packed u8 [E, M, H/2] with linear e4m3
+    hidden_states_scale [E, M, H/16] (NVFP4 dispatch). Only rows [0, masked_m[e]) are read.
+    Returns the UNWEIGHTED bf16 output [E, M, H] as float32 values; other rows are zero."""
+    w13 = np.asarray(w13).view(np.uint8)
+    w2 = np.asarray(w2).view(np.uint8)
+    e, n1, h = w13.shape[0], w13.shape[1], w13.shape[2] * 2
+    inter = n1 // 2
+    w13v = nvfp4_values_ref(
+        w13, unswizzle_nvfp4_scales_ref(np.asarray(w13_weight_sf).view(np.uint8), n1, h // 16)
+    )
+    w2v = nvfp4_values_ref(
+        w2, unswizzle_nvfp4_scales_ref(np.asarray(w2_weight_sf).view(np.uint8), h, inter // 16)
+    )
+
+    def per_expert(v):
+        v = np.asarray(v, F32).reshape(-1)
+        return np.full(e, v[0], F32) if v.size == 1 else v
+
+    a1, a2 = per_expert(a1_scale), per_expert(a2_scale)
+    alpha1, alpha2 = per_expert(w1_alpha), per_expert(w2_alpha)
+    x = np.asarray(x)
+    out = np.zeros((e, x.shape[1], h), F32)
+    for ei in range(e):
+        m = int(masked_m[ei])
+        if m == 0:
+            continue
+        if hidden_states_scale is not None:
+            xs = np.asarray(hidden_states_scale).view(np.uint8)
+            a = nvfp4_values_ref(x.view(np.uint8)[ei, :m], xs[ei, :m])
+        else:
+            a = nvfp4_quant_dequant_codes_ref(x[ei, :m].astype(F32), a1[ei])
+        h1 = round_to((canonical_dot_f32(a, w13v[ei]) * alpha1[ei]).astype(F32), "bf16")
+        h2 = nvfp4_quant_dequant_codes_ref(_activation("silu", True, h1, inter, "bf16"), a2[ei])
+        out[ei, :m] = round_to((canonical_dot_f32(h2, w2v[ei]) * alpha2[ei]).astype(F32), "bf16")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,16 +1,19 @@
 // Runner backend "deep_gemm" (sglang moe_runner/deep_gemm.py): DeepGEMM's grouped GEMMs over
-// either runner-input layout. Registers: runner core DEEP_GEMM, pre-permute (standard, deep_gemm)
-// and post-permute (deep_gemm, standard); no fused func (sglang registers none). The DeepEP
-// permutes (deepep_ll / deepep_normal) belong to the DeepEP dispatchers, not here.
+// either runner-input layout. Registers: runner core DEEP_GEMM; pre-permute (standard, deep_gemm),
+// pre-permute (deepep_ll, deep_gemm), pre-permute (deepep_normal, deep_gemm); post-permute
+// (deep_gemm, standard), post-permute (deep_gemm, deepep_ll), post-permute (deep_gemm,
+// deepep_normal). No fused func (sglang registers none).
 //
 // Layouts (DeepGemmRunnerInput.use_masked_gemm):
 //   masked (True; the standard pre-permute, deepep_ll): hidden_states [E, m_max, H] + masked_m
 //     i32 [E]; expert e's rows are [0, masked_m[e]) of slab e. Output bf16 [E, m_max, H].
-//   contiguous (False; sglang's ep_scatter for deepep_normal, not built here yet):
-//     hidden_states [M, H] + m_indices i32 [M] (expert of each row, −1 = padding); each expert's
-//     rows are one run starting on a 128-row boundary, M % 128 == 0. Output bf16 [M, H].
-//   FP8 flows carry f32 per-token-group scales [..., H/128] alongside (sglang's UE8M0 int-packed
-//   scales are not accepted: the permute that makes them must unpack to f32). Both layouts
+//   contiguous (False; the deepep_normal pre-permute, sglang's ep_scatter): hidden_states
+//     [M, H] + m_indices i32 [M] (expert of each row, −1 = padding); each expert's rows are one
+//     run starting on a 128-row boundary, M % 128 == 0. Output bf16 [M, H].
+//   FP8 flows carry f32 per-token-group scales [..., H/128] alongside; the DeepEP pre-permutes
+//   unpack DeepEP's int32-packed UE8M0 scales [..., H/512] to f32 exactly (2^(byte − 127)). The
+//   DeepEP post-permutes return UNWEIGHTED expert outputs (deepep_ll: the masked output as is;
+//   deepep_normal: per slot [N_recv, k, H]); the dispatcher's combine weights and sums. Both layouts
 //   reduce to (expert, row run) segments of one flat [rows, H] buffer and share one per-row
 //   computation (run_expert_rows), so a row's output is the same bits in either layout; rows
 //   outside the segments (masked tail, contiguous padding) are never read and come out zero.
@@ -447,6 +450,212 @@ CombineInputPtr post_permute_deep_gemm_to_standard(const RunnerOutputPtr& runner
       out->hidden_states, st.src2dst, st.topk_ids, st.topk_weights, config.routed_scaling_factor));
 }
 
+// ---------------------------------------------------------------------------------------------
+// DeepEP permutes. The dispatcher's payload already has the activation quantization (FP8
+// per-token-group-128 or BF16); these only change the layout and carry the routing to combine.
+
+/// What a DeepEP pre-permute leaves for its post-permute: the dispatch output's routing and,
+/// for deepep_normal, each (token, slot)'s row in the contiguous layout (−1: not local).
+struct DeepEPState {
+  Tensor topk_ids, topk_weights, src2dst;
+};
+
+/// DeepEP's FP8 activation scales → contiguous f32 [lead..., H/128]: f32 scales (any strides;
+/// DeepEP's are column-major in the last two dims) are copied; int32-packed UE8M0 scales
+/// [lead..., ⌈H/512⌉] (group g in byte g % 4 of word g / 4, little end first) are unpacked to
+/// 2^(byte − 127) exactly.
+Tensor deepep_scales_f32(const char* api, const Tensor& s, std::vector<int64_t> shape,
+                         int64_t hidden) {
+  const int64_t groups = hidden / kDeepGemmBlock;
+  MOECORE_CHECK(s.defined(), api,
+                ": an FP8 payload needs hidden_states_scale (f32 [..., H/128] or int32-packed "
+                "UE8M0 [..., H/512])");
+  shape.push_back(groups);
+  if (s.dtype() == DType::kF32) {
+    MOECORE_CHECK(s.view().shape_vector() == shape, api, ": expected f32 hidden_states_scale ",
+                  shape_string(shape), ", got ", s.describe());
+    return Tensor::copy_of(s.view());
+  }
+  MOECORE_CHECK_DTYPE(s.dtype() == DType::kI32, api,
+                      ": expected hidden_states_scale f32 or int32 (packed UE8M0), got ",
+                      s.describe());
+  const int64_t words = (groups + 3) / 4;
+  std::vector<int64_t> packed = shape;
+  packed.back() = words;
+  MOECORE_CHECK(s.view().shape_vector() == packed, api,
+                ": expected int32-packed UE8M0 hidden_states_scale ", shape_string(packed),
+                " (four scale bytes per int32), got ", s.describe());
+  const Tensor c = Tensor::copy_of(s.view());
+  Tensor out = Tensor::empty(shape, DType::kF32);
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(c.ptr<int32_t>());
+  float* dst = out.ptr<float>();
+  const int64_t rows = out.numel() / groups;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t code = static_cast<uint8_t>(src[r * words + g / 4] >> (8 * (g % 4)));
+      MOECORE_CHECK(code != 0xFF, api, ": UE8M0 scale byte 0xFF (NaN) in row ", r, ", group ",
+                    g);
+      dst[r * groups + g] = e8m0_to_f32(code);
+    }
+  return out;
+}
+
+/// The FP8 scale of a DeepEP payload, or undefined for BF16 (where a scale is an error).
+Tensor deepep_payload_scale(const char* api, const DeepGemmWeights& w, const Tensor& scale,
+                            std::vector<int64_t> lead) {
+  if (w.fp8) return deepep_scales_f32(api, scale, std::move(lead), w.hidden);
+  MOECORE_CHECK(!scale.defined(), api,
+                ": use_fp8=False (BF16 DeepGEMM) takes a BF16 payload without "
+                "hidden_states_scale, got ",
+                scale.describe());
+  return {};
+}
+
+RunnerInputPtr pre_permute_deepep_ll_to_deep_gemm(const DispatchOutputPtr& dispatch,
+                                                  const QuantInfoPtr& quant_info,
+                                                  const MoeRunnerConfig& config,
+                                                  RunningState& state) {
+  constexpr const char* api = "pre-permute(deepep_ll→deep_gemm)";
+  check_config(config);
+  auto* d = dynamic_cast<const DeepEPLLDispatchOutput*>(dispatch.get());
+  MOECORE_CHECK_DTYPE(d != nullptr, api, ": expected a DeepEPLLDispatchOutput");
+  const DeepGemmWeights w = check_weights(as_deep_gemm_info(quant_info));
+  const Tensor& x = d->hidden_states;
+  MOECORE_CHECK(x.defined() && x.ndim() == 3 && x.size(0) == w.num_experts, api,
+                ": expected hidden_states [E_local=", w.num_experts, ", M_cap, H], got ",
+                x.describe());
+  auto input = std::make_shared<DeepGemmRunnerInput>();
+  input->hidden_states = x;  // the masked layout as DeepEP packed it: pass-through
+  input->hidden_states_scale =
+      deepep_payload_scale(api, w, d->hidden_states_scale, {x.size(0), x.size(1)});
+  input->use_masked_gemm = true;
+  input->masked_m = d->masked_m;
+  input->expected_m = d->expected_m;
+  auto st = std::make_shared<DeepEPState>();
+  st->topk_ids = d->topk_ids;
+  st->topk_weights = d->topk_weights;
+  state.backend = st;
+  return input;
+}
+
+/// sglang's ep_scatter: the received tokens' local (token, slot) pairs grouped by expert into
+/// the contiguous layout, each expert's run starting on a 128-row boundary (DeepGEMM's
+/// alignment, whatever alignment the dispatcher used), rows in (token, slot) order; padding
+/// rows are zero with m_indices −1. num_recv_tokens_per_expert[e] must cover expert e's pairs.
+RunnerInputPtr pre_permute_deepep_normal_to_deep_gemm(const DispatchOutputPtr& dispatch,
+                                                      const QuantInfoPtr& quant_info,
+                                                      const MoeRunnerConfig& config,
+                                                      RunningState& state) {
+  constexpr const char* api = "pre-permute(deepep_normal→deep_gemm)";
+  check_config(config);
+  auto* d = dynamic_cast<const DeepEPNormalDispatchOutput*>(dispatch.get());
+  MOECORE_CHECK_DTYPE(d != nullptr, api, ": expected a DeepEPNormalDispatchOutput");
+  const DeepGemmWeights w = check_weights(as_deep_gemm_info(quant_info));
+  const int64_t E = w.num_experts, H = w.hidden, groups = H / kDeepGemmBlock;
+  ExpertWeights shape;
+  shape.num_experts = E;
+  shape.hidden = H;
+  shape.dtype = w.fp8 ? DType::kF8E4M3 : DType::kBF16;
+  const RoutedTokens tokens = check_routed_tokens(
+      api, d->hidden_states, StandardTopKOutput{d->topk_weights, d->topk_ids, {}}, shape);
+  const int64_t N = tokens.num_tokens, k = tokens.top_k;
+  const Tensor scale = deepep_payload_scale(api, w, d->hidden_states_scale, {N});
+  const std::vector<int64_t>& recv = d->num_recv_tokens_per_expert;
+  MOECORE_CHECK(static_cast<int64_t>(recv.size()) == E, api,
+                ": expected num_recv_tokens_per_expert with ", E, " entries, got ", recv.size());
+  std::vector<int64_t> count(static_cast<size_t>(E), 0);
+  for (int64_t s = 0; s < N * k; ++s)
+    if (tokens.id(s / k, s % k) >= 0) ++count[tokens.id(s / k, s % k)];
+  std::vector<int64_t> start(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) {
+    MOECORE_CHECK(recv[e] >= count[e], api, ": num_recv_tokens_per_expert[", e, "] = ", recv[e],
+                  " is less than the ", count[e], " received (token, slot) pairs of expert ", e);
+    start[e + 1] = start[e] + (count[e] + kDeepGemmBlock - 1) / kDeepGemmBlock * kDeepGemmBlock;
+  }
+  const int64_t M = start[E];
+  auto input = std::make_shared<DeepGemmRunnerInput>();
+  input->use_masked_gemm = false;
+  input->hidden_states = Tensor::zeros({M, H}, shape.dtype);
+  if (w.fp8) input->hidden_states_scale = Tensor::zeros({M, groups}, DType::kF32);
+  input->m_indices = Tensor::empty({M}, DType::kI32);
+  int32_t* m_indices = input->m_indices.ptr<int32_t>();
+  std::fill(m_indices, m_indices + M, -1);
+  auto st = std::make_shared<DeepEPState>();
+  st->topk_ids = d->topk_ids;
+  st->topk_weights = d->topk_weights;
+  st->src2dst = Tensor::empty({N * k}, DType::kI32);
+  int32_t* src2dst = st->src2dst.ptr<int32_t>();
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  const int64_t row_bytes = H * dtype_size(shape.dtype);
+  for (int64_t s = 0; s < N * k; ++s) {
+    const int32_t e = tokens.id(s / k, s % k);
+    if (e < 0) {
+      src2dst[s] = -1;
+      continue;
+    }
+    const int64_t row = next[e]++;
+    src2dst[s] = static_cast<int32_t>(row);
+    m_indices[row] = e;
+    std::memcpy(static_cast<char*>(input->hidden_states.view().data) + row * row_bytes,
+                tokens.x.at({s / k, 0}), static_cast<size_t>(row_bytes));
+    if (w.fp8)
+      std::copy_n(scale.ptr<float>() + (s / k) * groups, groups,
+                  input->hidden_states_scale.ptr<float>() + row * groups);
+  }
+  state.backend = st;
+  return input;
+}
+
+const DeepEPState& deepep_state(const RunningState& state, const char* api) {
+  auto* stashed = std::any_cast<std::shared_ptr<DeepEPState>>(&state.backend);
+  MOECORE_ASSERT(stashed != nullptr, api,
+                 ": the running state holds no DeepEP pre-permute result (run the matching "
+                 "pre-permute first)");
+  return **stashed;
+}
+
+const DeepGemmRunnerOutput& as_output(const RunnerOutputPtr& o, const char* api) {
+  auto* out = dynamic_cast<const DeepGemmRunnerOutput*>(o.get());
+  MOECORE_CHECK_DTYPE(out != nullptr, api, ": expected a DeepGemmRunnerOutput");
+  return *out;
+}
+
+CombineInputPtr post_permute_deep_gemm_to_deepep_ll(const RunnerOutputPtr& runner_output,
+                                                    const QuantInfoPtr&, const MoeRunnerConfig&,
+                                                    RunningState& state) {
+  constexpr const char* api = "post-permute(deep_gemm→deepep_ll)";
+  const DeepGemmRunnerOutput& out = as_output(runner_output, api);
+  const DeepEPState& st = deepep_state(state, api);
+  auto combine = std::make_shared<DeepEPLLCombineInput>();
+  combine->hidden_states = out.hidden_states;  // [E_local, M_cap, H], unweighted
+  combine->topk_ids = st.topk_ids;
+  combine->topk_weights = st.topk_weights;
+  return combine;
+}
+
+/// The contiguous output's rows gathered back per (token, slot): [N_recv, k, H] bf16,
+/// unweighted, zero where the slot's expert is not local.
+CombineInputPtr post_permute_deep_gemm_to_deepep_normal(const RunnerOutputPtr& runner_output,
+                                                        const QuantInfoPtr&,
+                                                        const MoeRunnerConfig&,
+                                                        RunningState& state) {
+  constexpr const char* api = "post-permute(deep_gemm→deepep_normal)";
+  const DeepGemmRunnerOutput& out = as_output(runner_output, api);
+  const DeepEPState& st = deepep_state(state, api);
+  const int64_t N = st.topk_ids.size(0), k = st.topk_ids.size(1), H = out.hidden_states.size(1);
+  Tensor slots = Tensor::zeros({N, k, H}, DType::kBF16);
+  const int32_t* src2dst = st.src2dst.ptr<int32_t>();
+  const uint16_t* rows = out.hidden_states.ptr<uint16_t>();
+  uint16_t* dst = slots.ptr<uint16_t>();
+  for (int64_t s = 0; s < N * k; ++s)
+    if (src2dst[s] >= 0) std::copy_n(rows + src2dst[s] * H, H, dst + s * H);
+  auto combine = std::make_shared<DeepEPNormalCombineInput>();
+  combine->hidden_states = slots;
+  combine->topk_ids = st.topk_ids;
+  combine->topk_weights = st.topk_weights;
+  return combine;
+}
+
 std::unique_ptr<RunnerCore> make_deep_gemm_core(const MoeRunnerConfig& config) {
   return std::make_unique<DeepGemmRunnerCore>(config);
 }
@@ -606,5 +815,9 @@ Tensor deepgemm_post_reorder(const Tensor& down_output, const Tensor& src2dst,
 MOECORE_REGISTER_RUNNER_CORE(DEEP_GEMM, make_deep_gemm_core);
 MOECORE_REGISTER_PRE_PERMUTE(STANDARD, DEEP_GEMM, pre_permute_standard_to_deep_gemm);
 MOECORE_REGISTER_POST_PERMUTE(DEEP_GEMM, STANDARD, post_permute_deep_gemm_to_standard);
+MOECORE_REGISTER_PRE_PERMUTE(DEEPEP_LL, DEEP_GEMM, pre_permute_deepep_ll_to_deep_gemm);
+MOECORE_REGISTER_POST_PERMUTE(DEEP_GEMM, DEEPEP_LL, post_permute_deep_gemm_to_deepep_ll);
+MOECORE_REGISTER_PRE_PERMUTE(DEEPEP_NORMAL, DEEP_GEMM, pre_permute_deepep_normal_to_deep_gemm);
+MOECORE_REGISTER_POST_PERMUTE(DEEP_GEMM, DEEPEP_NORMAL, post_permute_deep_gemm_to_deepep_normal);
 
 }  // namespace moecore

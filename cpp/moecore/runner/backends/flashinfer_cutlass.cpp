@@ -1,7 +1,8 @@
 // Runner backend "flashinfer_cutlass" (sglang moe_runner/flashinfer_cutlass.py → FlashInfer
 // cutlass_fused_moe), fused-only. Registers: fused func (none, flashinfer_cutlass) and fused func
-// (flashinfer, flashinfer_cutlass); both take a StandardDispatchOutput and
-// FlashInferCutlassMoeQuantInfo.
+// (flashinfer, flashinfer_cutlass); both take FlashInferCutlassMoeQuantInfo and a
+// StandardDispatchOutput, the flashinfer one also a FlashinferDispatchOutput (its result goes
+// into moe_output when given, and comes back as a FlashinferCombineInput).
 //
 // Numeric contract (scalar reference; FlashInfer's kernel is opaque, so this is moecore's reading
 // of the formulas of spec §6.3, §6.4, §7.2, §7.4). w13 is [Up; Gate] (load_up_proj_weight_first),
@@ -15,8 +16,9 @@
 //    g2_alphas [E]]): x → NVFP4 with a1_gscale (16-blocks, e4m3 scales, spec §7.2 rounding);
 //    h1 = round_A(g1_alphas[e] · Σ (qa·sa)(qw·sw)) (fp32 dot over the exact products);
 //    h2 = round_A(act) → NVFP4 with a2_gscale → y = round_A(g2_alphas[e] · Σ …). A
-//    pre-quantized input (hidden_states u8 [T, H/2] + hidden_states_scale swizzled) skips the
-//    first quantization.
+//    pre-quantized input (hidden_states u8 [T, H/2] + hidden_states_scale: 128×4-swizzled from
+//    the FP4 all-gather, linear [T, H/16] from the flashinfer dispatcher, as FlashInfer's
+//    swizzled_input_sf=False) skips the first quantization.
 // Then out = round_out(Σ_j w_j · y_j) in fp32, slot order; routed_scaling_factor multiplies
 // the finished output (one more rounding) only for bf16/fp8 and only if
 // apply_routed_scaling_factor — exactly once; fp4 never applies it (the NVFP4 method folds it
@@ -79,13 +81,6 @@ const FlashInferCutlassMoeQuantInfo& as_info(const QuantInfoPtr& q) {
   MOECORE_CHECK_DTYPE(info != nullptr,
                       "Unexpected quant_info type for flashinfer_cutlass: ", q->name());
   return *info;
-}
-
-const StandardDispatchOutput& as_standard(const DispatchOutputPtr& d) {
-  auto* out = dynamic_cast<const StandardDispatchOutput*>(d.get());
-  MOECORE_CHECK_DTYPE(out != nullptr, kApi, ": expected a StandardDispatchOutput, got format ",
-                      to_string(d->format()));
-  return *out;
 }
 
 // Everything one call needs, validated: the MLP, how to load input rows, the output dtype.
@@ -155,7 +150,7 @@ void check_mlp_shapes(const Tensor& w13, const Tensor& w2, int64_t h, int64_t in
                 w13.describe());
 }
 
-Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const StandardDispatchOutput& d,
+Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferInput& d,
                       const ActivationSpec& spec, const MoeRunnerConfig& config) {
   Problem p;
   const Tensor& x = d.hidden_states;
@@ -257,9 +252,22 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const StandardDisp
                     ": expected contiguous packed hidden_states [T, ", h / 2, "], got ",
                     x.describe());
       const int64_t t = x.size(0);
-      Tensor xs =
-          linear_from_swizzled(kApi, "hidden_states_scale", with_group_dim(d.hidden_states_scale),
-                               1, t, h / kNvfp4BlockSize);
+      Tensor xs;
+      if (d.flashinfer_format) {  // the flashinfer dispatcher's linear [T, H/16] scales
+        const Tensor& s = d.hidden_states_scale;
+        MOECORE_CHECK_DTYPE(s.dtype() == DType::kF8E4M3 || s.dtype() == DType::kU8, kApi,
+                            ": expected hidden_states_scale float8_e4m3fn (or uint8), got ",
+                            s.describe());
+        MOECORE_CHECK(s.view().shape_vector() == std::vector<int64_t>({t, h / kNvfp4BlockSize}) &&
+                          s.view().is_contiguous(),
+                      kApi, ": expected contiguous linear hidden_states_scale [", t, ", ",
+                      h / kNvfp4BlockSize, "] (the flashinfer dispatcher's), got ", s.describe());
+        check_block_scale_bytes(kApi, "hidden_states_scale", s.view());
+        xs = s;
+      } else {
+        xs = linear_from_swizzled(kApi, "hidden_states_scale",
+                                  with_group_dim(d.hidden_states_scale), 1, t, h / kNvfp4BlockSize);
+      }
       p.keep_alive.push_back(xs);
       const uint8_t* xq = x.ptr<uint8_t>();
       const uint8_t* xsf = xs.ptr<uint8_t>();
@@ -301,29 +309,28 @@ CombineInputPtr run_cutlass(const DispatchOutputPtr& dispatch, const QuantInfoPt
   const ActivationSpec spec = cutlass_activation(config);
   if (config.no_combine)
     MOECORE_UNSUPPORTED(kApi, ": no_combine is not supported (FlashInfer always combines top-k)");
-  const StandardDispatchOutput& d = as_standard(dispatch);
+  const FlashinferInput d = flashinfer_input(kApi, dispatch, flashinfer_a2a, false);
   MOECORE_CHECK(q.moe_ep_size >= 1 && q.moe_ep_rank >= 0 && q.moe_ep_rank < q.moe_ep_size &&
                     q.moe_tp_size >= 1 && q.moe_tp_rank >= 0 && q.moe_tp_rank < q.moe_tp_size,
                 kApi, ": bad TP/EP topology (tp ", q.moe_tp_rank, "/", q.moe_tp_size, ", ep ",
                 q.moe_ep_rank, "/", q.moe_ep_size, ")");
 
   Problem p = build_problem(q, d, spec, config);
-  const StandardTopKOutput topk = to_standard(d.topk_output);
   const int64_t e = p.num_experts;
   const int64_t total = e * q.moe_ep_size;
   const Tensor local_ids =
-      localize_expert_ids(kApi, topk.topk_ids, q.moe_ep_rank * e, e, total, flashinfer_a2a);
-  const RoutedTokens tokens = routed_tokens(kApi, local_ids, topk.topk_weights);
+      localize_expert_ids(kApi, d.topk.topk_ids, q.moe_ep_rank * e, e, total, flashinfer_a2a);
+  const RoutedTokens tokens = routed_tokens(kApi, local_ids, d.topk.topk_weights);
   MOECORE_CHECK(tokens.num_tokens == d.hidden_states.size(0), kApi, ": expected topk_ids with ",
-                d.hidden_states.size(0), " rows (one per token), got ", topk.topk_ids.describe());
+                d.hidden_states.size(0), " rows (one per token), got ", d.topk.topk_ids.describe());
 
-  Tensor out = Tensor::empty({tokens.num_tokens, p.hidden}, p.out_dtype);
-  if (tokens.num_tokens == 0) return std::make_shared<StandardCombineInput>(out);  // R9
+  Tensor out = flashinfer_output_buffer(kApi, d, tokens.num_tokens, p.hidden, p.out_dtype);
+  if (tokens.num_tokens == 0) return flashinfer_combine_input(d, out);  // R9
   const Tensor slots = run_routed_experts(p.mlp, tokens, e, p.load_row);
   std::optional<float> rsf;
   if (q.quant_type != "fp4" && q.apply_routed_scaling_factor) rsf = config.routed_scaling_factor;
   combine_weighted(tokens, slots, out, rsf ? &*rsf : nullptr);
-  return std::make_shared<StandardCombineInput>(out);
+  return flashinfer_combine_input(d, out);
 }
 
 CombineInputPtr fused_none_to_flashinfer_cutlass(const DispatchOutputPtr& d, const QuantInfoPtr& q,

@@ -109,6 +109,57 @@ RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tenso
   return r;
 }
 
+FlashinferInput flashinfer_input(const char* api, const DispatchOutputPtr& dispatch,
+                                 bool flashinfer_a2a, bool require_standard_topk) {
+  FlashinferInput in;
+  const TopKOutput* topk = nullptr;
+  if (auto* s = dynamic_cast<const StandardDispatchOutput*>(dispatch.get())) {
+    in.hidden_states = s->hidden_states;
+    in.hidden_states_scale = s->hidden_states_scale;
+    topk = &s->topk_output;
+  } else if (auto* f = dynamic_cast<const FlashinferDispatchOutput*>(dispatch.get());
+             f != nullptr && flashinfer_a2a) {
+    in.hidden_states = f->hidden_states;
+    in.hidden_states_scale = f->hidden_states_scale;
+    in.moe_output = f->moe_output;
+    in.output_dtype = f->output_dtype;
+    in.flashinfer_format = true;
+    topk = &f->topk_output;
+  } else {
+    MOECORE_THROW(DTypeError, api, ": expected a StandardDispatchOutput",
+                  flashinfer_a2a ? " or a FlashinferDispatchOutput" : "", ", got format ",
+                  to_string(dispatch->format()));
+  }
+  if (require_standard_topk)
+    MOECORE_ASSERT(std::holds_alternative<StandardTopKOutput>(*topk), api,
+                   ": CuteDSL requires a standard top-k output (TopKOutputChecker."
+                   "format_is_standard), got a bypassed one");
+  in.topk = to_standard(*topk);
+  return in;
+}
+
+Tensor flashinfer_output_buffer(const char* api, const FlashinferInput& in, int64_t tokens,
+                                int64_t hidden, DType dtype) {
+  if (in.output_dtype)
+    MOECORE_CHECK_DTYPE(*in.output_dtype == dtype, api, ": the dispatch output asks for ",
+                        dtype_name(*in.output_dtype), " output, but this path produces ",
+                        dtype_name(dtype));
+  if (!in.moe_output.defined()) return Tensor::empty({tokens, hidden}, dtype);
+  const Tensor& o = in.moe_output;
+  MOECORE_CHECK_DTYPE(o.dtype() == dtype, api, ": expected moe_output ", dtype_name(dtype),
+                      ", got ", o.describe());
+  MOECORE_CHECK(o.view().shape_vector() == std::vector<int64_t>({tokens, hidden}) &&
+                    o.view().is_contiguous() && o.view().writable,
+                api, ": expected a contiguous, writable moe_output [", tokens, ", ", hidden, "], got ",
+                o.describe());
+  return o;
+}
+
+CombineInputPtr flashinfer_combine_input(const FlashinferInput& in, Tensor out) {
+  if (in.flashinfer_format) return std::make_shared<FlashinferCombineInput>(std::move(out));
+  return std::make_shared<StandardCombineInput>(std::move(out));
+}
+
 // ---------------------------------------------------------------------------------------------
 
 ActivationQuantizer nvfp4_quantizer(float global_scale) {

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "moecore/core/tensor.h"
+#include "moecore/dispatch/types.h"
 #include "moecore/formats/quantize.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/quant_gemm.h"
@@ -39,6 +41,29 @@ Tensor localize_expert_ids(const char* api, const Tensor& topk_ids, int64_t offs
 
 /// RoutedTokens over already-validated local ids and the top-k weights (x is not used).
 RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tensor& topk_weights);
+
+/// What the FlashInfer fused funcs read from their dispatch output: a StandardDispatchOutput
+/// (a2a none, or the flashinfer dispatcher's BF16 extend fallback through its internal
+/// StandardDispatcher, spec §5.4) or a FlashinferDispatchOutput (hidden_states_scale present:
+/// the dispatcher sent NVFP4 with linear e4m3 scales [T, H/16]).
+struct FlashinferInput {
+  Tensor hidden_states, hidden_states_scale;
+  StandardTopKOutput topk;
+  Tensor moe_output;                  // where the result goes when defined (flashinfer only)
+  std::optional<DType> output_dtype;  // the dispatch output's output_dtype (flashinfer only)
+  bool flashinfer_format = false;     // a FlashinferDispatchOutput
+};
+/// Accepts a FlashinferDispatchOutput only when flashinfer_a2a; a StandardDispatchOutput always.
+/// `require_standard_topk`: a bypassed top-k is an AssertionError (CuteDSL) instead of being
+/// materialised with to_standard() (R8).
+FlashinferInput flashinfer_input(const char* api, const DispatchOutputPtr& dispatch,
+                                 bool flashinfer_a2a, bool require_standard_topk);
+/// The [T, H] buffer of `dtype` the combine writes: the validated moe_output (contiguous, that
+/// dtype and shape, checked before anything runs) or a new tensor.
+Tensor flashinfer_output_buffer(const char* api, const FlashinferInput& in, int64_t tokens,
+                                int64_t hidden, DType dtype);
+/// FlashinferCombineInput for a FlashinferDispatchOutput, StandardCombineInput otherwise.
+CombineInputPtr flashinfer_combine_input(const FlashinferInput& in, Tensor out);
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantizers (ActivationQuantizer callbacks; one scale per row, always 1.0). The

@@ -1,0 +1,141 @@
+// LoopbackGroup: a generation-counted rendezvous. Each collective is post → barrier → read →
+// barrier, so a rank never overwrites a mailbox a peer has not read yet.
+#include "moecore/dispatch/transport.h"
+
+#include <cstring>
+#include <exception>
+#include <thread>
+
+namespace moecore {
+namespace {
+
+class LoopbackTransport : public Transport {
+ public:
+  LoopbackTransport(std::shared_ptr<LoopbackGroup> group, int rank)
+      : group_(std::move(group)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+
+  std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send_counts) override {
+    check_peers("exchange_counts", send_counts.size());
+    std::vector<std::vector<uint8_t>> send(send_counts.size(), std::vector<uint8_t>(8));
+    for (size_t d = 0; d < send.size(); ++d) std::memcpy(send[d].data(), &send_counts[d], 8);
+    std::vector<std::vector<uint8_t>> recv = group_->exchange(rank_, std::move(send));
+    std::vector<int64_t> counts(recv.size());
+    for (size_t s = 0; s < recv.size(); ++s) std::memcpy(&counts[s], recv[s].data(), 8);
+    return counts;
+  }
+  std::vector<std::vector<uint8_t>> all_to_all_v(
+      const std::vector<std::vector<uint8_t>>& send) override {
+    check_peers("all_to_all_v", send.size());
+    return group_->exchange(rank_, send);
+  }
+  void barrier() override {
+    group_->exchange(rank_, std::vector<std::vector<uint8_t>>(group_->size()));
+  }
+
+ private:
+  void check_peers(const char* api, size_t n) const {
+    MOECORE_CHECK(static_cast<int>(n) == group_->size(), "Transport.", api,
+                  ": expected one entry "
+                  "per rank (",
+                  group_->size(), "), got ", n);
+  }
+  std::shared_ptr<LoopbackGroup> group_;
+  int rank_;
+};
+
+}  // namespace
+
+std::shared_ptr<LoopbackGroup> LoopbackGroup::create(int size) {
+  MOECORE_CHECK(size >= 1 && size <= 1024, "LoopbackGroup: expected 1..1024 ranks, got ", size);
+  return std::shared_ptr<LoopbackGroup>(new LoopbackGroup(size));
+}
+
+LoopbackGroup::LoopbackGroup(int size)
+    : size_(size), mailbox_(static_cast<size_t>(size), std::vector<std::vector<uint8_t>>(size)) {}
+
+TransportPtr LoopbackGroup::transport(int rank) {
+  MOECORE_CHECK_INDEX(rank >= 0 && rank < size_, "LoopbackGroup.transport: rank must be in [0, ",
+                      size_, "), got ", rank);
+  return std::make_shared<LoopbackTransport>(shared_from_this(), rank);
+}
+
+void LoopbackGroup::poison(int failed_rank, const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (poisoned_) return;  // the first failure is the cause; later ones are its consequences
+    poisoned_ = true;
+    poison_message_ =
+        str_cat("expert-parallel group aborted: rank ", failed_rank, " failed: ", what);
+  }
+  cv_.notify_all();
+}
+
+void LoopbackGroup::throw_if_poisoned() const {
+  if (poisoned_) throw CollectiveAborted(poison_message_);
+}
+
+void LoopbackGroup::arrive_and_wait(std::unique_lock<std::mutex>& lock) {
+  throw_if_poisoned();
+  const uint64_t generation = generation_;
+  if (++arrived_ == size_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return poisoned_ || generation_ != generation; });
+  throw_if_poisoned();
+}
+
+std::vector<std::vector<uint8_t>> LoopbackGroup::exchange(int rank,
+                                                          std::vector<std::vector<uint8_t>> send) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  mailbox_[rank] = std::move(send);
+  arrive_and_wait(lock);
+  std::vector<std::vector<uint8_t>> recv(static_cast<size_t>(size_));
+  for (int s = 0; s < size_; ++s) recv[s] = mailbox_[s][rank];
+  arrive_and_wait(lock);
+  return recv;
+}
+
+void LoopbackGroup::run(const std::function<void(int rank)>& fn) {
+  std::lock_guard<std::mutex> one_run(run_mutex_);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size_));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[r] = std::current_exception();
+        poison(r, e.what());
+      } catch (...) {
+        errors[r] = std::current_exception();
+        poison(r, "unknown exception");
+      }
+    });
+  for (auto& t : threads) t.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // no rank is inside a collective now
+    poisoned_ = false;
+    arrived_ = 0;
+    for (auto& boxes : mailbox_) boxes.assign(static_cast<size_t>(size_), {});
+  }
+  std::exception_ptr consequence;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CollectiveAborted&) {
+      if (!consequence) consequence = e;
+    } catch (...) {
+      throw;  // the lowest-ranked original failure
+    }
+  }
+  if (consequence) std::rethrow_exception(consequence);
+}
+
+}  // namespace moecore

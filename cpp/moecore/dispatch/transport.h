@@ -1,0 +1,80 @@
+// The communication interface of the expert-parallel dispatchers, and the in-process loopback
+// that runs R ranks as threads of one process (tests, CI). The dispatchers talk to peers only
+// through Transport, so an MPI implementation can replace the loopback without touching them:
+// nothing here hands out shared memory, every payload is copied bytes.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "moecore/core/error.h"
+
+namespace moecore {
+
+/// One rank's view of a group of `size()` ranks. Every collective must be called by all ranks
+/// in the same order (as with MPI). Byte buffers are indexed by peer rank.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// send_counts[d]: what this rank will send to rank d → result[s]: what rank s sends here.
+  virtual std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send_counts) = 0;
+  /// send[d]: the bytes for rank d → result[s]: the bytes rank s sent here.
+  virtual std::vector<std::vector<uint8_t>> all_to_all_v(
+      const std::vector<std::vector<uint8_t>>& send) = 0;
+  virtual void barrier() = 0;
+};
+using TransportPtr = std::shared_ptr<Transport>;
+
+/// Raised by a collective of a group that a failed rank poisoned; the message names that rank.
+/// Python: moecore.MoecoreError.
+class CollectiveAborted : public Error {
+  using Error::Error;
+};
+
+/// R loopback transports sharing one rendezvous. Results are deterministic (each rank reads
+/// exactly what its peers sent). If a rank fails, poison() makes every blocked or later
+/// collective raise CollectiveAborted instead of waiting forever.
+class LoopbackGroup : public std::enable_shared_from_this<LoopbackGroup> {
+ public:
+  static std::shared_ptr<LoopbackGroup> create(int size);
+  int size() const { return size_; }
+  /// A transport for `rank`; it keeps the group alive.
+  TransportPtr transport(int rank);
+  void poison(int failed_rank, const std::string& what);
+  /// Runs fn(rank) for every rank, each on its own thread, and joins them. If any rank throws,
+  /// the group is poisoned (the others fail fast) and the lowest-ranked original exception (not
+  /// a CollectiveAborted caused by it) is rethrown; once every thread has returned the group is
+  /// reset, ready for the next run. Runs from several caller threads take turns. Rank threads
+  /// may use the thread pool: it serializes concurrent parallel_for callers, and no collective
+  /// runs inside a pool chunk, so ranks cannot deadlock on it.
+  void run(const std::function<void(int rank)>& fn);
+
+  /// The collective step behind every Transport call: rank posts one buffer per peer, and gets
+  /// the buffers its peers posted for it. Two barriers bracket the read so buffers are reused
+  /// safely.
+  std::vector<std::vector<uint8_t>> exchange(int rank, std::vector<std::vector<uint8_t>> send);
+
+ private:
+  explicit LoopbackGroup(int size);
+  void arrive_and_wait(std::unique_lock<std::mutex>& lock);
+  void throw_if_poisoned() const;
+
+  int size_;
+  std::mutex run_mutex_;  // one run() at a time: concurrent runs would interleave collectives
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool poisoned_ = false;
+  std::string poison_message_;
+  std::vector<std::vector<std::vector<uint8_t>>> mailbox_;  // [src][dst]
+};
+
+}  // namespace moecore
