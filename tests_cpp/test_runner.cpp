@@ -37,11 +37,20 @@ TEST(RegistryTest, RegisteredKeysEqualTheExpectedTable) {
       {"flashinfer", "flashinfer_cutlass"},
       {"none", "flashinfer_cutedsl"},
       {"flashinfer", "flashinfer_cutedsl"},
+      {"deepep", "flashinfer_cutedsl"},
       {"none", "flashinfer_mxfp4"}};
   const std::set<std::pair<std::string, std::string>> expected_pre = {
-      {"standard", "triton"}, {"standard", "torch_native"}, {"standard", "deep_gemm"}};
+      {"standard", "triton"},
+      {"standard", "torch_native"},
+      {"standard", "deep_gemm"},
+      {"deepep_ll", "deep_gemm"},
+      {"deepep_normal", "deep_gemm"}};
   const std::set<std::pair<std::string, std::string>> expected_post = {
-      {"triton", "standard"}, {"torch_native", "standard"}, {"deep_gemm", "standard"}};
+      {"triton", "standard"},
+      {"torch_native", "standard"},
+      {"deep_gemm", "standard"},
+      {"deep_gemm", "deepep_ll"},
+      {"deep_gemm", "deepep_normal"}};
   EXPECT_EQ(fused, expected_fused);
   EXPECT_EQ(pre, expected_pre);
   EXPECT_EQ(post, expected_post);
