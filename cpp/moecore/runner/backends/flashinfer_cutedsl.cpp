@@ -170,10 +170,12 @@ CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInf
   mlp.activation.layout = GateUpLayout::kUpGateInterleaved;
   mlp.activation.interleave_group = kInterleaveGroup;
   mlp.act_dtype = DType::kBF16;
-  mlp.gemm = gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt;
+  mlp.gemm = scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar));
   mlp.hidden = h;
   mlp.inter = inter;
-  const Tensor slots = run_routed_experts(mlp, tokens, e, load_row);
+  // The fused funcs' state: one workspace for every runner of this backend (calls take turns).
+  static ExpertWorkspace workspace;
+  const Tensor slots = run_routed_experts(mlp, tokens, e, load_row, workspace);
   combine_weighted(tokens, slots, out, nullptr);
   return std::make_shared<StandardCombineInput>(out);
 }
