@@ -1,5 +1,5 @@
-// GEMM table: every ISA level this machine has matches the fp64 Eigen product within fp32
-// rounding and is bitwise equal to the scalar reference (canonical dot order), for odd sizes.
+// The scalar canonical-order GEMM matches the fp64 Eigen product within fp32 rounding for odd
+// sizes and every weight dtype (the ISA rows are checked bitwise against it in test_quant_gemm).
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
@@ -13,42 +13,30 @@
 namespace moecore {
 namespace {
 
-class GemmTest : public ::testing::TestWithParam<std::tuple<IsaLevel, DType>> {};
+class GemmTest : public ::testing::TestWithParam<DType> {};
 
-TEST_P(GemmTest, MatchesEigenAndScalarBitwise) {
-  const auto [level, wdtype] = GetParam();
+TEST_P(GemmTest, ScalarMatchesEigen) {
+  const DType wdtype = GetParam();
   std::mt19937 rng(3);
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 5, 17}, {7, 33, 100},
                          {16, 64, 256}, {5, 3, 15}}) {
     Tensor a = testing::random_tensor(rng, {m, k}, DType::kF32);
     Tensor w = testing::random_tensor(rng, {n, k}, wdtype);
     std::vector<float> wf = testing::to_floats(w);
-    std::vector<float> out(m * n), ref_out(m * n);
-    gemm_kernels(level).rows_times_wt(a.ptr<float>(), m, k, w.view().data, wdtype, k, n, k,
-                                      out.data(), n);
-    gemm_rows_times_wt_ref(a.ptr<float>(), m, k, w.view().data, wdtype, k, n, k, ref_out.data(), n);
+    std::vector<float> out(m * n);
+    gemm_rows_times_wt_ref(a.ptr<float>(), m, k, w.view().data, wdtype, k, n, k, out.data(), n);
     Eigen::MatrixXd A(m, k), W(n, k);
     for (int64_t i = 0; i < m * k; ++i) A(i / k, i % k) = a.ptr<float>()[i];
     for (int64_t i = 0; i < n * k; ++i) W(i / k, i % k) = wf[i];
     Eigen::MatrixXd C = A * W.transpose();
-    for (int64_t i = 0; i < m * n; ++i) {
-      EXPECT_EQ(out[i], ref_out[i]) << "level " << isa_level_name(level) << " at " << i;
+    for (int64_t i = 0; i < m * n; ++i)
       EXPECT_NEAR(out[i], C(i / n, i % n), 1e-5 * std::sqrt(double(k)) * 4) << i;
-    }
   }
 }
 
-std::vector<std::tuple<IsaLevel, DType>> params() {
-  std::vector<std::tuple<IsaLevel, DType>> out;
-  for (IsaLevel l : available_isa_levels())
-    for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) out.emplace_back(l, d);
-  return out;
-}
-
-INSTANTIATE_TEST_SUITE_P(Levels, GemmTest, ::testing::ValuesIn(params()), [](const auto& info) {
-  return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
-         dtype_name(std::get<1>(info.param));
-});
+INSTANTIATE_TEST_SUITE_P(Dtypes, GemmTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 TEST(IsaTest, ScalarAlwaysAvailableAndScopedLevelRestores) {
   const auto levels = available_isa_levels();

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <new>
 #include <set>
+#include <thread>
 
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
@@ -13,10 +17,35 @@
 #include "moecore/runner/runner.h"
 #include "support/moe_problem.h"
 
+// A counting global operator new for the steady-state allocation test: it counts only while a
+// test has switched counting on (every thread's allocations, pool workers included).
+namespace {
+std::atomic<bool> g_count_allocations{false};
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
 namespace moecore {
 namespace {
 
 using testing::make_problem;
+
+/// Heap allocations (operator new, any thread) made while fn runs.
+template <typename F>
+int64_t count_allocations(F&& fn) {
+  g_allocations = 0;
+  g_count_allocations = true;
+  fn();
+  g_count_allocations = false;
+  return g_allocations;
+}
 using testing::MoeProblem;
 
 TEST(RegistryTest, RegisteredKeysEqualTheExpectedTable) {
@@ -306,6 +335,85 @@ TEST(StandardDispatcherTest, MapsGlobalIdsToLocalR14) {
   EXPECT_EQ(std::vector<int32_t>(local, local + 4), (std::vector<int32_t>{1, -1, 4, -1}));
   EXPECT_THROW(StandardDispatcher(9, 2, 2, 1), OutOfRange);
   EXPECT_THROW(StandardDispatcher(10, 4, 0, 1), InvalidArgument);
+}
+
+
+// The triton runner core and its pre-permute'd input for a bf16 problem (force_unfused).
+struct TritonCoreCall {
+  MoeRunner runner;
+  QuantInfoPtr quant_info;
+  RunnerInputPtr input;
+  RunningState state;
+
+  explicit TritonCoreCall(const MoeProblem& p)
+      : runner(MoeRunnerBackend::TRITON, unfused_config(), MoeA2ABackend::NONE) {
+    quant_info = quant_info_for(MoeRunnerBackend::TRITON, p);
+    auto d = std::make_shared<StandardDispatchOutput>();
+    d->hidden_states = p.x;
+    d->topk_output = StandardTopKOutput{p.topk_weights, p.topk_ids, {}};
+    const auto pre = find_pre_permute(DispatchOutputFormat::STANDARD, MoeRunnerBackend::TRITON);
+    input = (*pre)(d, quant_info, runner.config(), state);
+  }
+  std::vector<float> run() {
+    RunnerOutputPtr out = runner.runner_core()->run(input, quant_info, state);
+    CombineInputPtr combined = (*find_post_permute(MoeRunnerBackend::TRITON,
+                                                   DispatchOutputFormat::STANDARD))(
+        out, quant_info, runner.config(), state);
+    return testing::to_floats(
+        std::dynamic_pointer_cast<StandardCombineInput>(combined)->hidden_states);
+  }
+  static MoeRunnerConfig unfused_config() {
+    MoeRunnerConfig config;
+    config.inplace = false;
+    config.force_unfused = true;
+    return config;
+  }
+};
+
+TEST(ExpertWorkspaceTest, SteadyStateTritonCoreAllocatesOnlyItsOutput) {
+  std::mt19937 rng(21);
+  const MoeProblem p = make_problem(rng, 16, 8, 64, 40, 2, DType::kBF16);
+  for (int threads : {1, 2}) {
+    ThreadPool::instance().set_num_threads(threads);
+    TritonCoreCall call(p);
+    RunnerCore& core = *call.runner.runner_core();
+    core.run(call.input, call.quant_info, call.state);  // the first call grows the workspace
+    // What the output costs: its tensor, plus one make_shared for the RunnerOutput holding it.
+    const int64_t output = count_allocations([&] {
+      Tensor::zeros({p.T, p.k, p.H}, DType::kBF16);
+    }) + 1;
+    for (int repeat = 0; repeat < 3; ++repeat)
+      EXPECT_EQ(count_allocations([&] { core.run(call.input, call.quant_info, call.state); }),
+                output)
+          << threads << " threads, call " << repeat + 2;
+  }
+  ThreadPool::instance().set_num_threads(available_cpus());
+}
+
+TEST(ExpertWorkspaceTest, RunnerUsedFromTwoThreadsTakesTurns) {
+  std::mt19937 rng(22);
+  const MoeProblem small = make_problem(rng, 3, 4, 32, 16, 2, DType::kBF16);
+  const MoeProblem large = make_problem(rng, 40, 4, 32, 16, 2, DType::kBF16);
+  TritonCoreCall a(small), b(large);
+  const std::vector<float> want_a = a.run(), want_b = b.run();
+  // Both inputs through a's runner at once: one workspace, two callers with different shapes.
+  std::atomic<int> mismatches{0};
+  auto hammer = [&](TritonCoreCall& call, const std::vector<float>& want, MoeRunner& runner) {
+    for (int i = 0; i < 20; ++i) {
+      RunnerOutputPtr out = runner.runner_core()->run(call.input, call.quant_info, call.state);
+      CombineInputPtr combined = (*find_post_permute(MoeRunnerBackend::TRITON,
+                                                     DispatchOutputFormat::STANDARD))(
+          out, call.quant_info, runner.config(), call.state);
+      if (testing::to_floats(std::dynamic_pointer_cast<StandardCombineInput>(combined)
+                                 ->hidden_states) != want)
+        ++mismatches;
+    }
+  };
+  std::thread first([&] { hammer(a, want_a, a.runner); });
+  std::thread second([&] { hammer(b, want_b, a.runner); });
+  first.join();
+  second.join();
+  EXPECT_EQ(mismatches, 0);
 }
 
 }  // namespace

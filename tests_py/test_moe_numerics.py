@@ -21,6 +21,7 @@ from moecore.reference import fused_moe_ref
 from moecore.testing import (
     assert_bitwise_equal,
     assert_close,
+    assert_isa_levels_agree,
     is_close,
     make_moe_problem,
 )
@@ -252,25 +253,30 @@ def test_strided_hidden_states(path, dtype, layout):
 @pytest.mark.parametrize("H,I", [(40, 24), (64, 48)], ids=["H40-I24", "H64-I48"])
 @pytest.mark.parametrize("path,dtype", path_params(PATHS, DTYPES))
 def test_isa_levels_and_threads_bitwise(path, dtype, H, I, num_threads):  # noqa: E741
-    """Every ISA level × threads {1, 2} matches the reference and all are bitwise equal."""
+    """Every ISA level × threads {1, 2} matches the reference; each level is bitwise equal across
+    threads and runs, and the canonical-order levels are bitwise equal to each other."""
     rng = np.random.default_rng(_seed("isa", dtype, H))
     p = make_moe_problem(rng, T=64, E=8, H=H, I=I, k=2, dtype=dtype, bias=True)
     ref = reference(path, p)
     first = None
     for isa in ISAS:
+        level_first = None
         for n in (1, 2):
             num_threads(n)
             assert moecore.get_num_threads() == n
             out = run_moe(path, p, isa=isa)
             assert_close(out, ref, dtype, what=f"isa={isa} threads={n}")
-            if first is None:
-                first = (out, isa, n)
+            if level_first is None:
+                level_first = out
             else:
-                assert_bitwise_equal(out, first[0], what=f"isa={isa} threads={n} vs "
-                                     f"isa={first[1]} threads={first[2]}")
+                assert_bitwise_equal(out, level_first, what=f"isa={isa} threads={n} vs threads=1")
             assert_bitwise_equal(run_moe(path, p, isa=isa), out, what="repeated run")
+        if first is None:
+            first = (level_first, isa)
+        else:
+            assert_isa_levels_agree(level_first, isa, first[0], first[1], dtype)
         with moecore.isa_level(isa):  # the process-wide level, read when the runner is built
-            assert_bitwise_equal(run_moe(path, p), first[0], what=f"moecore.isa_level({isa!r})")
+            assert_bitwise_equal(run_moe(path, p), level_first, what=f"moecore.isa_level({isa!r})")
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -17,4 +17,5 @@ PYBIND11_MODULE(_moecore, m) {
   bind_quant_mxfp4(m);
   bind_runner(m);
   bind_layer(m);
+  bind_bench(m);
 }

@@ -3,11 +3,14 @@
   python -m moecore demo    run every executable (a2a, runner) path on a synthetic MoE layer and
                             check each against moecore.reference
   python -m moecore check   print the ISA level, thread count and the registries
+  python -m moecore bench   time moecore's MoE layers against PyTorch CPU peers and this
+                            machine's measured bandwidth and peak (bench/README.md)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -102,6 +105,98 @@ def _check(args) -> int:
     return 0
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
+def _add_bench_parser(sub) -> None:
+    from moecore._bench import FORMATS, PEERS, SHAPES, TOKENS
+
+    bench = sub.add_parser(
+        "bench", help="time moecore's MoE layers against PyTorch peers and the machine's bounds",
+        description="Times moecore's MoE layers (per shape, weight format, token count M and "
+        "thread count) against PyTorch CPU peers and this machine's read bandwidth and peak, "
+        "all measured in this run. Prints a Markdown table unless --csv or --json.")
+    bench.add_argument("--shape", nargs="+", choices=list(SHAPES), help="default: the four models")
+    bench.add_argument("--format", nargs="+", choices=list(FORMATS), help="default: all")
+    bench.add_argument("--tokens", nargs="+", type=int, help=f"default: {TOKENS}")
+    bench.add_argument("--threads", nargs="+", type=int, help="default: 1 2")
+    bench.add_argument("--peers", nargs="+", choices=PEERS + ["none"], help="default: all")
+    bench.add_argument("--repeats", type=int, default=5, help="timed calls per measurement")
+    bench.add_argument("--max-seconds", type=float, default=10.0,
+                       help="per measurement: fewer repeats (at least one) for slow calls")
+    bench.add_argument("--quick", action="store_true",
+                       help="M in 1 16 128, 3 repeats, 3 s per measurement")
+    bench.add_argument("--isa", help="ISA level of moecore's runners (default: the detected one)")
+    bench.add_argument("--seed", type=int, default=0)
+    out = bench.add_mutually_exclusive_group()
+    out.add_argument("--csv", action="store_true", help="print CSV rows instead of Markdown")
+    out.add_argument("--json", action="store_true", help="print JSON (machine and rows)")
+    bench.add_argument("--chart", metavar="FILE.png", help="also draw %% of bound per shape (matplotlib)")
+    bench.set_defaults(func=_bench)
+
+
+def _bench(args) -> int:
+    import platform
+    import shlex
+
+    import moecore
+    from moecore import _bench as bench
+    from moecore._bench import report
+
+    if args.chart:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("--chart needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+    config = bench.BenchConfig(repeats=args.repeats, max_seconds=args.max_seconds,
+                               isa_level=args.isa or "", seed=args.seed)
+    if args.quick:
+        config.tokens, config.repeats, config.max_seconds = [1, 16, 128], 3, 3.0
+    for name in ("shape", "format", "tokens", "threads", "peers"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(config, {"shape": "shapes", "format": "formats"}.get(name, name),
+                    [] if value == ["none"] else value)
+    import torch
+
+    header = {"date": time.strftime("%Y-%m-%d %H:%M %Z"),
+              "command": "python -m moecore " + shlex.join(args.argv),
+              "machine": f"{_cpu_name()}, {len(os.sched_getaffinity(0))} CPUs",
+              "moecore": f"{moecore.__version__}, ISA {config.isa_level or moecore.detected_isa_level()}",
+              "torch": torch.__version__, "python": platform.python_version()}
+    machine = bench.measure_machine(config)
+    peers = config.peers
+    if args.csv or args.json:
+        emit = None
+    else:
+        print("\n".join(report.machine_lines(machine, header)) + "\n")
+        print(report.markdown_header(peers), flush=True)
+        emit = lambda row: print(report.markdown_row(row, peers), flush=True)  # noqa: E731
+    rows, failures, skipped = bench.run(config, machine, emit)
+    if args.csv:
+        print(report.to_csv(rows), end="")
+    elif args.json:
+        print(report.to_json(rows, machine, header, skipped))
+    if emit and skipped:
+        print("\nNot run: " + "; ".join(skipped))
+    if args.chart:
+        report.chart(rows, args.chart)
+    for failure in failures:
+        print(f"CHECK FAILED: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moecore", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,7 +212,9 @@ def main(argv=None) -> int:
     demo.set_defaults(func=_demo)
     check = sub.add_parser("check", help="print the ISA level, threads and registries")
     check.set_defaults(func=_check)
+    _add_bench_parser(sub)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return args.func(args)
 
 

@@ -33,58 +33,76 @@ float per_tensor_or_channel_scale(const TensorView& scale, int64_t e, int64_t ro
 
 }  // namespace
 
+void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales) {
+  switch (w.coding) {
+    case WeightCoding::kFp8:
+      if (w.block_k > 0) {
+        const float* blocks = static_cast<const float*>(w.scale.at({e, row / w.block_n, 0}));
+        for (int64_t b = 0; b < w.num_k_blocks(); ++b) scales[b] = blocks[b * w.scale.strides[2]];
+      } else {
+        scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
+      }
+      return;
+    case WeightCoding::kInt8:
+      scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
+      return;
+    case WeightCoding::kDense:
+    case WeightCoding::kNvfp4:
+    case WeightCoding::kMxfp4:
+      scales[0] = 1.0f;
+      return;
+  }
+  MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
+}
+
+float fp4_block_scale(WeightCoding coding, uint8_t code) {
+  return coding == WeightCoding::kNvfp4 ? fp8_e4m3_to_f32(code) : e8m0_to_f32(code);
+}
+
 void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* codes,
                        float* scales) {
   const int64_t k = w.k;
+  weight_row_scales(w, e, row, scales);
   switch (w.coding) {
     case WeightCoding::kDense:
       load_f32(w.data.at({e, row, 0}), w.data.dtype, k, codes);
-      scales[0] = 1.0f;
       return;
     case WeightCoding::kFp8: {
       const uint8_t* q = static_cast<const uint8_t*>(w.data.at({e, row, 0}));
       const float* table = fp8_e4m3_table();
       for (int64_t i = 0; i < k; ++i) codes[i] = table[q[i]];
-      if (w.block_k > 0) {
-        for (int64_t b = 0; b < w.num_k_blocks(); ++b)
-          scales[b] = *static_cast<const float*>(w.scale.at({e, row / w.block_n, b}));
-      } else {
-        scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
-      }
       return;
     }
     case WeightCoding::kInt8: {
       const int8_t* q = static_cast<const int8_t*>(w.data.at({e, row, 0}));
       for (int64_t i = 0; i < k; ++i) codes[i] = static_cast<float>(q[i]);
-      scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
       return;
     }
     case WeightCoding::kNvfp4:
     case WeightCoding::kMxfp4: {
       // Block scales fold into the codes: e2m1 (≤ 3 significant bits) × e4m3 or 2^e is exact.
-      const bool nv = w.coding == WeightCoding::kNvfp4;
-      const int64_t group = nv ? 16 : 32;
+      const int64_t group = fp4_group_size(w.coding);
       const uint8_t* packed = static_cast<const uint8_t*>(w.data.at({e, row, 0}));
       const uint8_t* block_scales = static_cast<const uint8_t*>(w.scale.at({e, row, 0}));
       for (int64_t b = 0; b < k / group; ++b) {
-        const float s = nv ? fp8_e4m3_to_f32(block_scales[b]) : e8m0_to_f32(block_scales[b]);
+        const float s = fp4_block_scale(w.coding, block_scales[b]);
         for (int64_t i = b * group; i < (b + 1) * group; i += 2) {
           codes[i] = e2m1_to_f32(e2m1x2_lo(packed[i / 2])) * s;
           codes[i + 1] = e2m1_to_f32(e2m1x2_hi(packed[i / 2])) * s;
         }
       }
-      scales[0] = 1.0f;
       return;
     }
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }
 
-void scaled_gemm(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e, int64_t n0,
-                 int64_t n, GemmRowsFn gemm, float* out, int64_t ldo) {
+void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                     int64_t n0, int64_t n, float* out, int64_t ldo) {
   const bool has_alpha = w.alpha.data != nullptr;
   if (w.coding == WeightCoding::kDense && a.scales == nullptr && !has_alpha) {
-    gemm(a.codes, m, a.ld, w.data.at({e, n0, 0}), w.data.dtype, w.k, n, w.k, out, ldo);
+    gemm_rows_times_wt_ref(a.codes, m, a.ld, w.data.at({e, n0, 0}), w.data.dtype, w.k, n, w.k, out,
+                           ldo);
     return;
   }
   const int64_t nb = w.num_k_blocks(), kb = w.k_block();
@@ -112,6 +130,20 @@ void scaled_gemm(const ActivationCodes& a, int64_t m, const WeightOperand& w, in
       out[r * ldo + c] = has_alpha ? acc * alpha : acc;
     }
   }
+}
+
+// Rows are named explicitly (a missing ISA file is a link error, not a silent gap).
+ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
+#ifdef MOECORE_COMPILED_AMX
+  if (level >= IsaLevel::kAmx) return scaled_gemm_amx;
+#endif
+#ifdef MOECORE_COMPILED_AVX512BF16
+  if (level >= IsaLevel::kAvx512Bf16) return scaled_gemm_avx512_bf16;
+#endif
+#ifdef MOECORE_COMPILED_AVX512
+  if (level >= IsaLevel::kAvx512) return scaled_gemm_avx512;
+#endif
+  return scaled_gemm_ref;
 }
 
 }  // namespace moecore

@@ -1,4 +1,5 @@
-// The scaled GEMM of every runner path, dense or quantized (scalar reference; DESIGN.md §4).
+// The scaled GEMM of every runner path, dense or quantized (DESIGN.md §4): one kernel table,
+// a row per ISA level (scaled_gemm_kernel), with the scalar reference scaled_gemm_ref.
 // A weight operand decodes one row to exact fp32 codes plus one scale per K block; the
 // activation side arrives as fp32 codes plus per-(row, K block) scales from the backend's
 // quantizer. Then, for each output,
@@ -10,6 +11,7 @@
 #include <cstdint>
 
 #include "moecore/core/tensor.h"
+#include "moecore/isa/isa.h"
 #include "moecore/kernels/gemm.h"
 
 namespace moecore {
@@ -43,6 +45,12 @@ struct WeightOperand {
 /// Decodes row `row` of expert `e`: codes[0..K) exact in fp32, scales[0..num_k_blocks()).
 void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* codes,
                        float* scales);
+/// The scales[0..num_k_blocks()) of that row alone (1 where the coding folds them into codes).
+void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales);
+/// Elements per fp4 block scale: 16 (kNvfp4, e4m3 scales) or 32 (kMxfp4, e8m0 scales).
+inline int64_t fp4_group_size(WeightCoding coding) { return coding == WeightCoding::kNvfp4 ? 16 : 32; }
+/// The fp32 value of one fp4 block-scale code of `coding`.
+float fp4_block_scale(WeightCoding coding, uint8_t code);
 
 /// Activation codes for one GEMM: rows of fp32 codes (stride ld) and per-(row, K block) scales
 /// [m, nb] (nb = the weight's num_k_blocks(), or 1 for one scale per row); scales == nullptr
@@ -53,11 +61,34 @@ struct ActivationCodes {
   const float* scales = nullptr;
   int64_t scales_per_row = 1;
   bool integer = false;
+  // The codes are bf16 values by construction (bf16 activations; fp8, fp4 or int8 codes), so
+  // the avx512_bf16 and amx rows may multiply them in bf16; otherwise those rows run avx512's.
+  bool bf16_exact = false;
 };
 
-/// out[r * ldo + c] for rows r < m and weight rows [n0, n0 + n) of expert e, per the formula
-/// above. The dense, unscaled case runs the `gemm` row directly.
-void scaled_gemm(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e, int64_t n0,
-                 int64_t n, GemmRowsFn gemm, float* out, int64_t ldo);
+/// One row of the scaled-GEMM table: out[r * ldo + c] for rows r < m and weight rows
+/// [n0, n0 + n) of expert e, per the formula above.
+using ScaledGemmFn = void (*)(const ActivationCodes& a, int64_t m, const WeightOperand& w,
+                              int64_t e, int64_t n0, int64_t n, float* out, int64_t ldo);
+
+/// The best row at or below `level` that this build has (pick once at construction, never per
+/// call or per M: batch invariance).
+ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
+
+/// Scalar reference row; the avx512 row is bit-identical to it.
+void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                     int64_t n0, int64_t n, float* out, int64_t ldo);
+#ifdef MOECORE_COMPILED_AVX512
+void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                        int64_t n0, int64_t n, float* out, int64_t ldo);
+#endif
+#ifdef MOECORE_COMPILED_AVX512BF16
+void scaled_gemm_avx512_bf16(const ActivationCodes& a, int64_t m, const WeightOperand& w,
+                             int64_t e, int64_t n0, int64_t n, float* out, int64_t ldo);
+#endif
+#ifdef MOECORE_COMPILED_AMX
+void scaled_gemm_amx(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                     int64_t n0, int64_t n, float* out, int64_t ldo);
+#endif
 
 }  // namespace moecore

@@ -17,7 +17,9 @@ void check_optional_bias(const char* api, const char* name, const Tensor& b,
   if (!b.defined()) return;
   MOECORE_CHECK_DTYPE(is_activation_dtype(b.dtype()), api, ": ", name,
                       " must be f32, f16 or bf16, got ", b.describe());
-  MOECORE_CHECK(b.view().shape_vector() == std::vector<int64_t>(shape) && b.view().is_contiguous(),
+  const bool same_shape = b.ndim() == static_cast<int>(shape.size()) &&
+                          std::equal(shape.begin(), shape.end(), b.view().shape);
+  MOECORE_CHECK(same_shape && b.view().is_contiguous(),
                 api, ": expected contiguous ", name, " ", shape_string(shape), ", got ",
                 b.describe());
 }
@@ -92,7 +94,7 @@ RoutedTokens check_routed_tokens(const char* api, const Tensor& x, const Standar
                       wts.describe());
   MOECORE_CHECK(ids.ndim() == 2 && ids.size(0) == x.size(0), api, ": expected topk_ids [",
                 x.size(0), ", k], got ", ids.describe());
-  MOECORE_CHECK(wts.view().shape_vector() == ids.view().shape_vector(), api,
+  MOECORE_CHECK(wts.ndim() == 2 && wts.size(0) == ids.size(0) && wts.size(1) == ids.size(1), api,
                 ": topk_weights shape must equal topk_ids', got ", wts.describe(), " and ",
                 ids.describe());
   MOECORE_CHECK(ids.size(1) >= 1, api, ": expected top_k >= 1, got ", ids.size(1));
@@ -174,7 +176,7 @@ SortedLayout sort_by_expert(const RoutedTokens& tokens, int64_t num_experts) {
   return layout;
 }
 
-ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, GemmRowsFn gemm) {
+ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, ScaledGemmFn gemm) {
   auto operand = [&](const TensorView& data, int64_t n, int64_t k) {
     WeightOperand op;
     op.coding = WeightCoding::kDense;
@@ -197,61 +199,241 @@ ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, G
   return mlp;
 }
 
-void run_expert_gemm(const ExpertGemm& g, GemmRowsFn gemm, int64_t expert, const float* in,
-                     int64_t m, float* out) {
-  thread_local std::vector<float> scratch, scales;
-  const int64_t k = g.weight.k;
-  ActivationCodes codes;
-  codes.codes = in;
-  codes.ld = k;
-  if (g.quantize) {
-    scratch.assign(in, in + m * k);
-    scales.resize(static_cast<size_t>(m * g.scales_per_row));
-    g.quantize(scratch.data(), m, k, k, scales.data());
-    codes.codes = scratch.data();
-    codes.scales = scales.data();
-    codes.scales_per_row = g.scales_per_row;
-    codes.integer = g.integer_codes;
-  }
-  scaled_gemm(codes, m, g.weight, expert, 0, g.weight.n, gemm, out, g.weight.n);
+namespace {
+
+// offsets[e + 1] holds expert e's count: prefix sums turn them into row offsets.
+void counts_to_offsets(std::vector<int64_t>& offsets) {
+  for (size_t e = 1; e < offsets.size(); ++e) offsets[e] += offsets[e - 1];
 }
 
-void expert_epilogue(float* rows, int64_t m, int64_t width, const TensorView& bias,
-                     int64_t expert, const float* row_scale, bool scale, DType act_dtype) {
-  thread_local std::vector<float> bias_row;
-  const bool has_bias = bias.data != nullptr;
-  if (has_bias) {
-    bias_row.resize(static_cast<size_t>(width));
-    load_f32(bias.at({expert, 0}), bias.dtype, width, bias_row.data());
+}  // namespace
+
+void ExpertRowMap::slots_to_sources(const RoutedTokens& tokens, bool with_scale) {
+  source.resize(dest.size());
+  scale.resize(with_scale ? dest.size() : 0);
+  for (size_t r = 0; r < dest.size(); ++r) {
+    source[r] = dest[r] / tokens.top_k;
+    if (with_scale) scale[r] = tokens.weight(source[r], dest[r] % tokens.top_k);
   }
-  for (int64_t r = 0; r < m; ++r) {
-    float* row = rows + r * width;
-    for (int64_t c = 0; c < width; ++c) {
-      float v = has_bias ? row[c] + bias_row[c] : row[c];
-      if (scale) v *= row_scale[r];
-      row[c] = round_to(act_dtype, v);
+}
+
+void ExpertRowMap::group_slots(const RoutedTokens& tokens, int64_t num_experts, bool with_scale) {
+  offsets.assign(static_cast<size_t>(num_experts + 1), 0);
+  for (int64_t t = 0; t < tokens.num_tokens; ++t)
+    for (int64_t j = 0; j < tokens.top_k; ++j) {
+      const int32_t e = tokens.id(t, j);
+      if (e >= 0) ++offsets[e + 1];
+    }
+  counts_to_offsets(offsets);
+  dest.resize(static_cast<size_t>(rows()));
+  // Counting sort with offsets[e] as expert e's cursor; afterwards offsets[e] is e's end, so
+  // shifting by one restores the starts.
+  for (int64_t t = 0; t < tokens.num_tokens; ++t)
+    for (int64_t j = 0; j < tokens.top_k; ++j) {
+      const int32_t e = tokens.id(t, j);
+      if (e >= 0) dest[offsets[e]++] = t * tokens.top_k + j;
+    }
+  for (int64_t e = num_experts - 1; e >= 1; --e) offsets[e] = offsets[e - 1];
+  offsets[0] = 0;
+  slots_to_sources(tokens, with_scale);
+}
+
+void ExpertRowMap::from_block_layout(const int32_t* sorted_token_ids, const int32_t* expert_ids,
+                                     int64_t num_blocks, int64_t block_m,
+                                     const RoutedTokens& tokens, int64_t num_experts,
+                                     bool with_scale) {
+  offsets.assign(static_cast<size_t>(num_experts + 1), 0);
+  dest.resize(static_cast<size_t>(num_blocks * block_m));
+  const int64_t sentinel = tokens.num_tokens * tokens.top_k;
+  int64_t count = 0;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t e = expert_ids[b];
+    MOECORE_CHECK_INDEX(e >= 0 && e < num_experts && (b == 0 || e >= expert_ids[b - 1]),
+                        "expert_ids must be in [0, ", num_experts,
+                        ") and non-decreasing (moe_align_block_size order), got ", e,
+                        " at block ", b);
+    const int64_t m = block_slots(sorted_token_ids, b, block_m, sentinel, dest.data() + count);
+    offsets[e + 1] += m;
+    count += m;
+  }
+  counts_to_offsets(offsets);
+  dest.resize(static_cast<size_t>(count));
+  slots_to_sources(tokens, with_scale);
+}
+
+void ExpertRowMap::sorted_rows(const int64_t* counts, int64_t num_experts) {
+  offsets.assign(static_cast<size_t>(num_experts + 1), 0);
+  std::copy(counts, counts + num_experts, offsets.begin() + 1);
+  counts_to_offsets(offsets);
+  source.resize(static_cast<size_t>(rows()));
+  for (size_t r = 0; r < source.size(); ++r) source[r] = static_cast<int64_t>(r);
+  dest = source;
+  scale.clear();
+}
+
+namespace {
+
+// Weight bytes of one column block: small enough to stay in L2 while every row of its expert
+// streams past it.
+constexpr int64_t kBlockWeightBytes = 512 * 1024;
+constexpr int64_t kColumnAlign = 16;  // block widths are whole 16-lane vectors
+// The cost of streaming one weight row, in units of one row's dot (for balancing only).
+constexpr int64_t kWeightRowCost = 4;
+
+// Grows a buffer to at least n elements (never shrinks, so a steady state allocates nothing).
+template <typename T>
+T* grown(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The work items of one GEMM with N outputs: each hit expert's columns in equal blocks, small
+// enough for L2 and numerous enough that `parts` threads all work when few experts are hit;
+// then part_begin cuts the items into `parts` contiguous runs of near-equal cost. Blocks only
+// decide who computes an output, never how, so they do not change any result.
+void plan_items(const ExpertRowMap& rows, const WeightOperand& w, int parts,
+                std::vector<ExpertWorkspace::Item>& items, std::vector<int64_t>& part_begin) {
+  const int64_t n = w.n;
+  const int64_t row_bytes = w.data.shape[2] * dtype_size(w.data.dtype);
+  int64_t hit = 0;
+  for (int64_t e = 0; e < rows.num_experts(); ++e) hit += rows.offsets[e + 1] > rows.offsets[e];
+  const int64_t by_cache = ceil_div(n * row_bytes, kBlockWeightBytes);
+  const int64_t by_threads = hit > 0 ? ceil_div(2 * parts, hit) : 1;
+  const int64_t blocks = std::min(std::max(by_cache, by_threads), ceil_div(n, kColumnAlign));
+  const int64_t cols = ceil_div(ceil_div(n, blocks), kColumnAlign) * kColumnAlign;
+  items.clear();
+  int64_t total = 0;
+  for (int64_t e = 0; e < rows.num_experts(); ++e) {
+    const int64_t m = rows.offsets[e + 1] - rows.offsets[e];
+    if (m == 0) continue;
+    for (int64_t c = 0; c < n; c += cols) {
+      items.push_back({e, c, std::min(cols, n - c)});
+      total += items.back().cols * (m + kWeightRowCost);
     }
   }
+  part_begin.assign(static_cast<size_t>(parts + 1), static_cast<int64_t>(items.size()));
+  int64_t done = 0;
+  int p = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    while (p < parts && done * parts >= p * total) part_begin[p++] = static_cast<int64_t>(i);
+    const ExpertWorkspace::Item& it = items[i];
+    done += it.cols * (rows.offsets[it.expert + 1] - rows.offsets[it.expert] + kWeightRowCost);
+  }
 }
 
-void expert_mlp(const ExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
-                const float* row_scale, RowScaleAt scale_at, float* y) {
-  thread_local std::vector<float> h1, h2;
-  const int64_t n1 = mlp.gemm1.weight.n;
-  h1.resize(static_cast<size_t>(m * n1));
-  h2.resize(static_cast<size_t>(m * mlp.inter));
+// One GEMM over the planned items. Item (e, c0, cols): result[r, c0 : c0 + cols] for expert e's
+// rows r, then its epilogue in place — + bias (f32/f16/bf16 [E, N]), × the row's scale when
+// `scale`, rounded to act_dtype — and, when `store` is given, the block stored to row dest[r]
+// of store ([*, N], act dtype).
+void run_items(const ExpertMlp& mlp, const ExpertGemm& g, const ActivationCodes& in,
+               const ExpertRowMap& rows, const std::vector<ExpertWorkspace::Item>& items,
+               const std::vector<int64_t>& part_begin, std::vector<float>& bias_scratch,
+               bool scale, float* result, const TensorView* store) {
+  const int64_t n = g.weight.n;
+  const bool has_bias = g.bias.data != nullptr;
+  const int64_t parts = static_cast<int64_t>(part_begin.size()) - 1;
+  float* bias_rows = grown(bias_scratch, parts * n);
+  parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
+    for (int64_t p = first_part; p < end_part; ++p)
+      for (int64_t i = part_begin[p]; i < part_begin[p + 1]; ++i) {
+        const auto [e, c0, cols] = items[i];
+        const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
+        ActivationCodes a = in;
+        a.codes += r0 * in.ld;
+        if (a.scales != nullptr) a.scales += r0 * a.scales_per_row;
+        float* block = result + r0 * n + c0;
+        mlp.gemm(a, m, g.weight, e, c0, cols, block, n);
+        float* bias = bias_rows + p * n;
+        if (has_bias) load_f32(g.bias.at({e, c0}), g.bias.dtype, cols, bias);
+        for (int64_t r = 0; r < m; ++r) {
+          float* row = block + r * n;
+          for (int64_t c = 0; c < cols; ++c) {
+            float v = has_bias ? row[c] + bias[c] : row[c];
+            if (scale) v *= rows.scale[r0 + r];
+            row[c] = round_to(mlp.act_dtype, v);
+          }
+          if (store != nullptr)
+            store_f32(row, cols, mlp.act_dtype, store->at({rows.dest[r0 + r], c0}));
+        }
+      }
+  });
+}
 
-  run_expert_gemm(mlp.gemm1, mlp.gemm, expert, a, m, h1.data());
-  expert_epilogue(h1.data(), m, n1, mlp.gemm1.bias, expert, row_scale,
-                  scale_at == RowScaleAt::kGemm1, mlp.act_dtype);
+// The input codes of a GEMM: `rows` [R, K] quantized in place by the GEMM's quantizer (scales
+// into `scales`), or used as they are.
+ActivationCodes quantized_input(const ExpertGemm& g, float* rows, int64_t count,
+                                std::vector<float>& scales) {
+  const int64_t k = g.weight.k;
+  ActivationCodes codes;
+  codes.codes = rows;
+  codes.ld = k;
+  if (!g.quantize) return codes;
+  float* s = grown(scales, count * g.scales_per_row);
+  parallel_for(count, [&](int64_t begin, int64_t end) {
+    g.quantize(rows + begin * k, end - begin, k, k, s + begin * g.scales_per_row);
+  });
+  codes.scales = s;
+  codes.scales_per_row = g.scales_per_row;
+  codes.integer = g.integer_codes;
+  return codes;
+}
 
+int schedule_parts() { return ThreadPool::instance().num_threads(); }
+
+}  // namespace
+
+void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
+                        RowScaleAt scale_at) {
+  const ExpertRowMap& rows = ws.rows;
+  const int64_t count = rows.rows(), h = mlp.hidden, n1 = mlp.gemm1.weight.n, inter = mlp.inter;
+  float* a = grown(ws.a_, count * h);
+  float* h1 = grown(ws.h1_, count * n1);
+  float* h2 = grown(ws.h2_, count * inter);
+  parallel_for(count, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) load(rows.source[r], a + r * h);
+  });
+  const ActivationCodes in = quantized_input(mlp.gemm1, a, count, ws.scales1_);
+  plan_items(rows, mlp.gemm1.weight, schedule_parts(), ws.items_, ws.part_begin_);
+  run_items(mlp, mlp.gemm1, in, rows, ws.items_, ws.part_begin_, ws.bias_,
+            scale_at == RowScaleAt::kGemm1, h1, nullptr);
   ActivationSpec rounded = mlp.activation;
   rounded.round_dtype = mlp.act_dtype;
-  apply_activation(rounded, h1.data(), n1, h2.data(), mlp.inter, m, mlp.inter);
+  parallel_for(count, [&](int64_t begin, int64_t end) {
+    apply_activation(rounded, h1 + begin * n1, n1, h2 + begin * inter, inter, end - begin, inter);
+  });
+}
 
-  run_expert_gemm(mlp.gemm2, mlp.gemm, expert, h2.data(), m, y);
-  expert_epilogue(y, m, mlp.hidden, mlp.gemm2.bias, expert, row_scale,
-                  scale_at == RowScaleAt::kGemm2, mlp.act_dtype);
+const float* expert_activations(const ExpertWorkspace& ws) { return ws.h2_.data(); }
+
+void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
+                        const TensorView& out) {
+  const ExpertRowMap& rows = ws.rows;
+  const int64_t count = rows.rows();
+  float* y = grown(ws.y_, count * mlp.hidden);
+  const ActivationCodes in = quantized_input(mlp.gemm2, ws.h2_.data(), count, ws.scales2_);
+  plan_items(rows, mlp.gemm2.weight, schedule_parts(), ws.items_, ws.part_begin_);
+  run_items(mlp, mlp.gemm2, in, rows, ws.items_, ws.part_begin_, ws.bias_,
+            scale_at == RowScaleAt::kGemm2, y, &out);
+}
+
+void run_expert_mlp(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
+                    RowScaleAt scale_at, const TensorView& out) {
+  expert_gemm1_phase(mlp, ws, load, scale_at);
+  expert_gemm2_phase(mlp, ws, scale_at, out);
+}
+
+TensorView slot_rows(const TensorView& slots) {
+  MOECORE_INTERNAL_CHECK(slots.ndim == 3 && slots.is_contiguous(),
+                         "slot outputs must be contiguous [T, k, H], got ", slots.describe());
+  TensorView rows = slots;
+  rows.ndim = 2;
+  rows.shape[0] = slots.shape[0] * slots.shape[1];
+  rows.shape[1] = slots.shape[2];
+  rows.strides[0] = slots.shape[2];
+  rows.strides[1] = 1;
+  return rows;
 }
 
 void combine_topk(const RoutedTokens& tokens, const TensorView& slot_out, bool weighted, float rsf,

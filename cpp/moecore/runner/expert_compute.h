@@ -1,14 +1,16 @@
-// The unquantized expert computation shared by the triton and torch_native backends: input
-// validation, the moe_align_block_size layout, the expert-sorted layout, one expert's MLP on a
-// set of rows, and the top-k combine. Each backend file composes these into its own contract.
+// The expert computation shared by every backend that runs the expert MLP: input validation,
+// the moe_align_block_size layout, the expert-sorted layout, the static (expert, column block)
+// schedule of the MLP with its reusable workspace, and the top-k combine. Each backend file
+// composes these into its own contract.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <vector>
 
 #include "moecore/core/tensor.h"
 #include "moecore/kernels/activation.h"
-#include "moecore/kernels/gemm.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/routing/topk.h"
 
@@ -81,27 +83,98 @@ struct ExpertMlp {
   ExpertGemm gemm1, gemm2;
   ActivationSpec activation;  // its round_dtype is overridden by act_dtype
   DType act_dtype = DType::kF32;
-  GemmRowsFn gemm = nullptr;  // the dense kernel row, picked at construction
+  ScaledGemmFn gemm = nullptr;  // the kernel row, picked at construction (config.isa_level)
   int64_t hidden = 0, inter = 0;
 };
 /// The dense (unquantized) MLP over validated weights.
-ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, GemmRowsFn gemm);
+ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, ScaledGemmFn gemm);
 
-/// One GEMM of the MLP on m input rows `in` [m, K] (fp32, not modified): quantizes a copy when
-/// the GEMM has a quantizer, then the scaled GEMM over all N outputs of `expert` into out [m, N].
-void run_expert_gemm(const ExpertGemm& g, GemmRowsFn gemm, int64_t expert, const float* in,
-                     int64_t m, float* out);
-/// The epilogue after a GEMM: + bias row of `expert` (if any), × row_scale[r] when `scale`,
-/// rounded to act_dtype, in place on rows [m, width].
-void expert_epilogue(float* rows, int64_t m, int64_t width, const TensorView& bias,
-                     int64_t expert, const float* row_scale, bool scale, DType act_dtype);
+/// The rows of one call in compacted expert order: rows [offsets[e], offsets[e + 1]) go to
+/// expert e; row r loads GEMM1 input row source[r] and writes output row dest[r]; scale[r] is
+/// its routed weight (empty when nothing is scaled). Built by the backend for every call.
+struct ExpertRowMap {
+  std::vector<int64_t> offsets, source, dest;
+  std::vector<float> scale;
 
-/// One expert's MLP on m rows a [m, H] (fp32 holding act-dtype values; not modified):
-///   h1 = round(gemm1(q1(a)) + b13 (× row_scale if kGemm1)), h2 = round(act(h1)), and
-///   y  = round(gemm2(q2(h2)) + b2 (× row_scale if kGemm2)), rounding to mlp.act_dtype.
-/// y: [m, H] fp32. Deterministic per row (canonical dot order), independent of m.
-void expert_mlp(const ExpertMlp& mlp, int64_t expert, const float* a, int64_t m,
-                const float* row_scale, RowScaleAt scale_at, float* y);
+  int64_t num_experts() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
+  /// The valid slots s = t·k + j of `tokens`, by expert, increasing s within an expert (the
+  /// moe_align_block_size order): source t, dest s, scale w[t, j] when with_scale.
+  void group_slots(const RoutedTokens& tokens, int64_t num_experts, bool with_scale);
+  /// The same rows read from a moe_align_block_size layout (blocks in expert order).
+  void from_block_layout(const int32_t* sorted_token_ids, const int32_t* expert_ids,
+                         int64_t num_blocks, int64_t block_m, const RoutedTokens& tokens,
+                         int64_t num_experts, bool with_scale);
+  /// Rows already sorted by expert, counts[e] of expert e: source = dest = the row.
+  void sorted_rows(const int64_t* counts, int64_t num_experts);
+
+ private:
+  // dest holds slots t·k + j: source = t, scale = w[t, j] when with_scale.
+  void slots_to_sources(const RoutedTokens& tokens, bool with_scale);
+};
+
+/// A non-owning reference to `void(int64_t source_row, float* dst)` that writes one GEMM1 input
+/// row (H fp32 values holding act-dtype values or codes); no allocation.
+class SourceRowFn {
+ public:
+  template <typename F>
+  SourceRowFn(const F& f)  // NOLINT: implicit on purpose, like RangeFn
+      : object_(static_cast<const void*>(&f)), call_([](const void* o, int64_t row, float* dst) {
+          (*static_cast<const F*>(o))(row, dst);
+        }) {}
+  void operator()(int64_t row, float* dst) const { call_(object_, row, dst); }
+
+ private:
+  const void* object_;
+  void (*call_)(const void*, int64_t, float*);
+};
+
+/// The buffers of the expert schedule, owned by a runner core or a fused func and reused across
+/// calls: they grow only when a call needs more, so a steady state allocates nothing. One call
+/// at a time: the caller holds `mutex` for the whole call (a runner used from two threads takes
+/// turns).
+class ExpertWorkspace {
+ public:
+  /// One work item of a GEMM: output columns [col, col + cols) of expert `expert`'s rows.
+  struct Item {
+    int64_t expert, col, cols;
+  };
+
+  std::mutex mutex;  // held by the caller for a whole call (rows, then the schedule)
+  ExpertRowMap rows;
+
+ private:
+  friend void expert_gemm1_phase(const ExpertMlp&, ExpertWorkspace&, SourceRowFn, RowScaleAt);
+  friend void expert_gemm2_phase(const ExpertMlp&, ExpertWorkspace&, RowScaleAt,
+                                 const TensorView&);
+  friend const float* expert_activations(const ExpertWorkspace&);
+  std::vector<float> a_, scales1_, h1_, h2_, scales2_, y_, bias_;
+  std::vector<Item> items_;
+  std::vector<int64_t> part_begin_;
+};
+
+/// The static schedule of the expert MLP over ws.rows (DESIGN.md §4): every expert's weights are
+/// read once per call, in L2-sized column blocks, and every thread has work even when one
+/// expert is hit. Each output element is the same dot in the same order whatever the blocks, the
+/// thread count or the batch, so results are bitwise batch invariant.
+///   phase 1: rows gathered (load) and GEMM1-quantized; GEMM1 over (expert, N1 column block)
+///            items into the compacted [rows, N1] buffer, + b13 (× scale if kGemm1), rounded;
+///            the activation per row, rounded to act_dtype.
+///   phase 2: GEMM2-quantized per row; GEMM2 over (expert, H column block) items, + b2
+///            (× scale if kGemm2), rounded, each row stored to row dest[r] of out ([*, H]).
+/// The caller holds ws.mutex. run_expert_mlp runs both phases; a backend whose GEMM2 quantizer
+/// needs the whole batch (dynamic per-tensor scale) runs them apart and reads the activations
+/// (expert_activations: [rows, I] fp32) in between.
+void run_expert_mlp(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
+                    RowScaleAt scale_at, const TensorView& out);
+void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
+                        RowScaleAt scale_at);
+const float* expert_activations(const ExpertWorkspace& ws);
+void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
+                        const TensorView& out);
+
+/// Per-slot outputs [T, k, H] (contiguous) seen as rows [T·k, H]: row s = slot s = t·k + j.
+TensorView slot_rows(const TensorView& slots);
 
 /// Combine in fp32: out[t] = round(rsf · Σ_j slot_out[t, j] (× w[t, j] if weighted)) over valid
 /// slots j in increasing order. slot_out: [T, k, H] of act dtype.

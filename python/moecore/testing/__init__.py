@@ -3,7 +3,14 @@ generators, and test parameters derived from the registries. Test-only: importin
 numpy (and pytest for ``params``), never torch or transformers.
 """
 
-from .asserts import assert_bitwise_equal, assert_close, error_stats, is_close
+from .asserts import (
+    CANONICAL_ORDER_LEVELS,
+    assert_bitwise_equal,
+    assert_close,
+    assert_isa_levels_agree,
+    error_stats,
+    is_close,
+)
 from .data import MoeProblem, cast, make_moe_problem, random_routing
 from .tolerances import TOLERANCES, Tolerance, tolerance, tolerance_for_dtype
 
@@ -14,6 +21,8 @@ __all__ = [
     "tolerance_for_dtype",
     "assert_close",
     "assert_bitwise_equal",
+    "assert_isa_levels_agree",
+    "CANONICAL_ORDER_LEVELS",
     "error_stats",
     "is_close",
     "MoeProblem",

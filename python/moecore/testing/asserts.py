@@ -136,3 +136,19 @@ def assert_bitwise_equal(actual, expected, *, what: str = "output"):
         f"{what}: not bitwise equal: {int(differ.sum())} of {differ.size} elements differ, "
         f"first at {first} ({a[first]!r} vs {e[first]!r}){detail}"
     )
+
+
+# ISA levels whose kernels add every dot in the canonical order of kernels/gemm.h: their results
+# are bitwise equal. avx512_bf16 and amx multiply bf16-exact operands in their instructions' own
+# order: deterministic, but equal to the canonical levels only within tolerance.
+CANONICAL_ORDER_LEVELS = ("scalar", "avx2", "avx512")
+
+
+def assert_isa_levels_agree(actual, actual_level: str, expected, expected_level: str, kind, *,
+                            what: str = "output"):
+    """The same run at two ISA levels: bitwise equal when both levels share the canonical order,
+    else within ``kind``'s tolerance."""
+    if actual_level in CANONICAL_ORDER_LEVELS and expected_level in CANONICAL_ORDER_LEVELS:
+        assert_bitwise_equal(actual, expected, what=what)
+    else:
+        assert_close(actual, expected, kind, what=f"{what} ({actual_level} vs {expected_level})")

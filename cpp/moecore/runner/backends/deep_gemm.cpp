@@ -255,7 +255,7 @@ struct FlatRows {
 /// The per-row contract (top of this file), for both layouts: every segment is split into
 /// 16-row work items in segment order, run on a static schedule. Rows outside the segments are
 /// never read and never written (the caller zero-fills the output).
-void run_expert_rows(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemmWeights& w,
+void run_expert_rows(const ActivationSpec& spec, ScaledGemmFn gemm, const DeepGemmWeights& w,
                      const FlatRows& io, const std::vector<ExpertRows>& segments) {
   const int64_t H = w.hidden, I = w.inter, groups = H / kDeepGemmBlock;
   std::vector<ExpertRows> items;  // (expert, first row, rows ≤ 16)
@@ -283,7 +283,7 @@ void run_expert_rows(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemm
       } else {
         load_f32(static_cast<const uint16_t*>(io.x) + r0 * H, DType::kBF16, m * H, a.data());
       }
-      scaled_gemm(c1, m, w.w13, e, 0, 2 * I, gemm, h1.data(), 2 * I);
+      gemm(c1, m, w.w13, e, 0, 2 * I, h1.data(), 2 * I);
       round_in_place(h1.data(), m * 2 * I, DType::kBF16);
       apply_activation(spec, h1.data(), 2 * I, act.data(), I, m, I);
       ActivationCodes c2;
@@ -294,7 +294,7 @@ void run_expert_rows(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemm
         c2.scales = s2.data();
         c2.scales_per_row = I / kDeepGemmBlock;
       }
-      scaled_gemm(c2, m, w.w2, e, 0, H, gemm, y.data(), H);
+      gemm(c2, m, w.w2, e, 0, H, y.data(), H);
       store_f32(y.data(), m * H, DType::kBF16, io.y + r0 * H);
     }
   });
@@ -335,7 +335,7 @@ FlatRows flat_rows(const Tensor& x, const Tensor& s, const Tensor& out) {
 
 /// Masked layout: hidden_states [E, m_max, H], masked_m i32 [E]; expert e's rows are
 /// e·m_max + [0, masked_m[e]). Output bf16 [E, m_max, H], rows past masked_m[e] zero.
-Tensor masked_core(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemmWeights& w,
+Tensor masked_core(const ActivationSpec& spec, ScaledGemmFn gemm, const DeepGemmWeights& w,
                    const Tensor& x, const Tensor& s, const Tensor& mm) {
   const int64_t E = w.num_experts, H = w.hidden;
   MOECORE_CHECK(x.defined() && x.ndim() == 3, kApi,
@@ -361,7 +361,7 @@ Tensor masked_core(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemmWe
 /// every id is in [−1, E), each expert has one run, every run starts on a 128-row boundary and
 /// M is a multiple of 128 (DeepGEMM's contiguous-layout alignment), so each 128-row block holds
 /// one expert followed by padding. Output bf16 [M, H], padding rows zero.
-Tensor contiguous_core(const ActivationSpec& spec, GemmRowsFn gemm, const DeepGemmWeights& w,
+Tensor contiguous_core(const ActivationSpec& spec, ScaledGemmFn gemm, const DeepGemmWeights& w,
                        const Tensor& x, const Tensor& s, const Tensor& mi) {
   const int64_t E = w.num_experts, H = w.hidden;
   MOECORE_CHECK(x.defined() && x.ndim() == 2, kApi,
@@ -410,7 +410,7 @@ class DeepGemmRunnerCore : public RunnerCore {
   explicit DeepGemmRunnerCore(const MoeRunnerConfig& config)
       : RunnerCore(config),
         spec_(check_config(config)),
-        gemm_(gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt) {}
+        gemm_(scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar))) {}
 
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
 
@@ -430,7 +430,7 @@ class DeepGemmRunnerCore : public RunnerCore {
 
  private:
   ActivationSpec spec_;
-  GemmRowsFn gemm_;
+  ScaledGemmFn gemm_;
 };
 
 CombineInputPtr post_permute_deep_gemm_to_standard(const RunnerOutputPtr& runner_output,
@@ -667,7 +667,7 @@ Tensor deep_gemm_masked_core(const MoeRunnerConfig& config, const DeepGemmMoeQua
                              const Tensor& masked_m) {
   const ActivationSpec spec = check_config(config);
   const DeepGemmWeights w = check_weights(info);
-  return masked_core(spec, gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt,
+  return masked_core(spec, scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar)),
                      w, hidden_states, hidden_states_scale, masked_m);
 }
 
@@ -677,7 +677,7 @@ Tensor deep_gemm_contiguous_core(const MoeRunnerConfig& config, const DeepGemmMo
   const ActivationSpec spec = check_config(config);
   const DeepGemmWeights w = check_weights(info);
   return contiguous_core(spec,
-                         gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt,
+                         scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar)),
                          w, hidden_states, hidden_states_scale, m_indices);
 }
 

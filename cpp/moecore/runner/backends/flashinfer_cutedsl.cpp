@@ -27,11 +27,9 @@
 // weights). Guards (R15): silu only ("Only silu is supported for CuteDSL MoE."), gated only,
 // apply_router_weight_on_input rejected, v2 needs a standard top-k. Empty input → [0, H] (R9).
 #include <algorithm>
-#include <array>
 #include <vector>
 
 #include "moecore/core/error.h"
-#include "moecore/core/thread_pool.h"
 #include "moecore/formats/quantize.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/runner/backends/flashinfer_moe_common.h"
@@ -45,7 +43,6 @@ using namespace flashinfer_detail;
 constexpr const char* kApi = "MoeRunner(flashinfer_cutedsl)";
 constexpr int64_t kInterleaveGroup = 64;
 
-constexpr int64_t kRowsPerItem = 16;  // v1: rows of one expert per work item
 
 const CuteDslFp4MoeQuantInfo& as_info(const QuantInfoPtr& q) {
   auto* info = dynamic_cast<const CuteDslFp4MoeQuantInfo*>(q.get());
@@ -92,6 +89,12 @@ Fp4Shapes check_fp4_weights(const CuteDslFp4MoeQuantInfo& q) {
 }
 
 /// The expert MLP over linear block scales; the caller sets the activation quantizers.
+/// The fused funcs' state: one workspace for every runner of this backend (calls take turns).
+ExpertWorkspace& workspace() {
+  static ExpertWorkspace ws;
+  return ws;
+}
+
 ExpertMlp cutedsl_mlp(const CuteDslFp4MoeQuantInfo& q, const Fp4Shapes& s, const Tensor& sf13,
                       const Tensor& sf2, const ActivationSpec& spec, GateUpLayout layout,
                       const MoeRunnerConfig& config) {
@@ -112,7 +115,7 @@ ExpertMlp cutedsl_mlp(const CuteDslFp4MoeQuantInfo& q, const Fp4Shapes& s, const
   mlp.activation.layout = layout;
   mlp.activation.interleave_group = kInterleaveGroup;
   mlp.act_dtype = DType::kBF16;
-  mlp.gemm = gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt;
+  mlp.gemm = scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar));
   mlp.hidden = s.h;
   mlp.inter = s.inter;
   return mlp;
@@ -210,7 +213,7 @@ CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInf
       cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kUpGateInterleaved, config);
   if (!prequantized) mlp.gemm1.quantize = nvfp4_quantizer(a1);
   mlp.gemm2.quantize = nvfp4_quantizer(a2);
-  const Tensor slots = run_routed_experts(mlp, tokens, e, load_row);
+  const Tensor slots = run_routed_experts(mlp, tokens, e, load_row, workspace());
   combine_weighted(tokens, slots, out, nullptr);
   return flashinfer_combine_input(in, out);
 }
@@ -299,43 +302,42 @@ CombineInputPtr run_cutedsl_v1(const DispatchOutputPtr& dispatch, const QuantInf
   const Tensor& mm = d->masked_m;
   MOECORE_CHECK(mm.defined() && mm.dtype() == DType::kI32 && mm.ndim() == 1 && mm.size(0) == e,
                 kApi, ": expected masked_m int32 [", e, "], got ", mm.describe());
-  std::vector<std::array<int64_t, 3>> items;  // (expert, first row, rows ≤ 16)
+  std::vector<int64_t> counts(static_cast<size_t>(e));
   for (int64_t i = 0; i < e; ++i) {
     const int64_t m = mm.ptr<int32_t>()[i * mm.view().strides[0]];
     MOECORE_CHECK(m >= 0 && m <= m_cap, kApi, ": masked_m[", i, "] must be in [0, ", m_cap,
                   "], got ", m);
     if (prequantized && m > 0)  // only the valid rows: the rest is garbage by contract
       check_block_scale_bytes(kApi, "hidden_states_scale", xs.view().select(0, i).narrow(0, 0, m));
-    for (int64_t r = 0; r < m; r += kRowsPerItem)
-      items.push_back({i, r, std::min(kRowsPerItem, m - r)});
+    counts[i] = m;
   }
 
-  // One MLP per expert: the activation global scales are per expert.
+  // One MLP per expert: the activation global scales are per expert, so experts run one after
+  // another, each over the shared schedule's column blocks.
   const ExpertMlp base = cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kGateUp, config);
-  std::vector<ExpertMlp> mlps(static_cast<size_t>(e), base);
-  for (int64_t i = 0; i < e; ++i) {
-    if (!prequantized) mlps[i].gemm1.quantize = nvfp4_quantizer(a1[i]);
-    mlps[i].gemm2.quantize = nvfp4_quantizer(a2[i]);
-  }
   Tensor out = Tensor::zeros({e, m_cap, h}, DType::kBF16);
-  uint16_t* y_rows = out.ptr<uint16_t>();
-  parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
-    std::vector<float> a(kRowsPerItem * h), y(kRowsPerItem * h);
-    for (int64_t it = begin; it < end; ++it) {
-      const auto [ex, r0, m] = items[it];
-      const int64_t row = ex * m_cap + r0;
-      for (int64_t r = 0; r < m; ++r) {
-        if (prequantized)
-          nvfp4_code_values_row(x.ptr<uint8_t>() + (row + r) * (h / 2),
-                                xs.ptr<uint8_t>() + (row + r) * (h / kNvfp4BlockSize), h,
-                                a.data() + r * h);
-        else
-          load_f32(x.ptr<uint16_t>() + (row + r) * h, DType::kBF16, h, a.data() + r * h);
-      }
-      expert_mlp(mlps[ex], ex, a.data(), m, nullptr, RowScaleAt::kNone, y.data());
-      store_f32(y.data(), m * h, DType::kBF16, y_rows + row * h);
-    }
-  });
+  ExpertWorkspace& ws = workspace();
+  std::lock_guard<std::mutex> lock(ws.mutex);
+  for (int64_t i = 0; i < e; ++i) {
+    if (counts[i] == 0) continue;
+    ExpertMlp mlp = base;
+    if (!prequantized) mlp.gemm1.quantize = nvfp4_quantizer(a1[i]);
+    mlp.gemm2.quantize = nvfp4_quantizer(a2[i]);
+    // Rows 0..masked_m[i] of expert i alone: its slice of the masked layout in and out.
+    std::vector<int64_t> only(static_cast<size_t>(e), 0);
+    only[i] = counts[i];
+    ws.rows.sorted_rows(only.data(), e);
+    const int64_t base_row = i * m_cap;
+    auto load = [&](int64_t r, float* dst) {
+      const int64_t row = base_row + r;
+      if (prequantized)
+        nvfp4_code_values_row(x.ptr<uint8_t>() + row * (h / 2),
+                              xs.ptr<uint8_t>() + row * (h / kNvfp4BlockSize), h, dst);
+      else
+        load_f32(x.ptr<uint16_t>() + row * h, DType::kBF16, h, dst);
+    };
+    run_expert_mlp(mlp, ws, load, RowScaleAt::kNone, out.view().select(0, i));
+  }
   auto combine = std::make_shared<DeepEPLLCombineInput>();
   combine->hidden_states = out;
   combine->topk_ids = d->topk_ids;

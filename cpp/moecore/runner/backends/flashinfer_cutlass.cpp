@@ -165,7 +165,7 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferIn
   ExpertMlp& mlp = p.mlp;
   mlp.activation = spec;
   mlp.activation.layout = gated ? GateUpLayout::kUpGate : GateUpLayout::kGateUp;
-  mlp.gemm = gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt;
+  mlp.gemm = scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar));
 
   if (q.quant_type == "bf16") {
     MOECORE_CHECK(q.quant_scales.empty(), kApi, ": quant_type 'bf16' takes no quant_scales, got ",
@@ -326,7 +326,9 @@ CombineInputPtr run_cutlass(const DispatchOutputPtr& dispatch, const QuantInfoPt
 
   Tensor out = flashinfer_output_buffer(kApi, d, tokens.num_tokens, p.hidden, p.out_dtype);
   if (tokens.num_tokens == 0) return flashinfer_combine_input(d, out);  // R9
-  const Tensor slots = run_routed_experts(p.mlp, tokens, e, p.load_row);
+  // The fused funcs' state: one workspace for every runner of this backend (calls take turns).
+  static ExpertWorkspace workspace;
+  const Tensor slots = run_routed_experts(p.mlp, tokens, e, p.load_row, workspace);
   std::optional<float> rsf;
   if (q.quant_type != "fp4" && q.apply_routed_scaling_factor) rsf = config.routed_scaling_factor;
   combine_weighted(tokens, slots, out, rsf ? &*rsf : nullptr);

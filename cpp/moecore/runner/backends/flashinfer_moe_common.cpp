@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -17,38 +18,13 @@
 #include "moecore/kernels/convert.h"
 
 namespace moecore::flashinfer_detail {
-namespace {
-
-constexpr int64_t kBlockM = 16;  // rows per expert block (moe_align_block_size's BLOCK_SIZE_M)
-
-}  // namespace
-
 Tensor run_routed_experts(const ExpertMlp& mlp, const RoutedTokens& local,
-                          int64_t num_local_experts, const RowLoader& load_row) {
-  const int64_t hidden = mlp.hidden;
-  Tensor slots = Tensor::zeros({local.num_tokens, local.top_k, hidden}, mlp.act_dtype);
-  const BlockLayout layout = align_block_size(local, num_local_experts, kBlockM);
-  const int32_t* sorted = layout.sorted_token_ids.ptr<int32_t>();
-  const int32_t* experts = layout.expert_ids.ptr<int32_t>();
-  const int64_t num_blocks = layout.num_tokens_post_padded / kBlockM;
-  const int64_t sentinel = local.num_tokens * local.top_k;
-  const TensorView out = slots.view();
-  parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
-    std::vector<float> a(kBlockM * hidden), y(kBlockM * hidden);
-    std::vector<int64_t> slot(kBlockM);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
-      for (int64_t r = 0; r < m; ++r) {
-        const int64_t s = slot[r];
-        load_row(s / local.top_k, a.data() + r * hidden);
-      }
-      if (m == 0) continue;
-      expert_mlp(mlp, experts[b], a.data(), m, nullptr, RowScaleAt::kNone, y.data());
-      for (int64_t r = 0; r < m; ++r)
-        store_f32(y.data() + r * hidden, hidden, mlp.act_dtype,
-                  out.at({slot[r] / local.top_k, slot[r] % local.top_k, 0}));
-    }
-  });
+                          int64_t num_local_experts, const RowLoader& load_row,
+                          ExpertWorkspace& workspace) {
+  Tensor slots = Tensor::zeros({local.num_tokens, local.top_k, mlp.hidden}, mlp.act_dtype);
+  std::lock_guard<std::mutex> lock(workspace.mutex);
+  workspace.rows.group_slots(local, num_local_experts, /*with_scale=*/false);
+  run_expert_mlp(mlp, workspace, load_row, RowScaleAt::kNone, slot_rows(slots.view()));
   return slots;
 }
 

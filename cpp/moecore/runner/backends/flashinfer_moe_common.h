@@ -23,10 +23,12 @@ namespace moecore::flashinfer_detail {
 using RowLoader = std::function<void(int64_t t, float* dst)>;
 
 /// Runs every (token, slot) with a local id ≥ 0 through its expert and returns the slot outputs
-/// [T, k, H] in mlp.act_dtype (zeros for slots with id −1). Rows are grouped by expert in
-/// blocks (moe_align_block_size order); the schedule is static.
+/// [T, k, H] in mlp.act_dtype (zeros for slots with id −1). Rows are grouped by expert
+/// (moe_align_block_size order) and run on expert_compute's static schedule in `workspace`
+/// (the calling fused func's, reused across calls).
 Tensor run_routed_experts(const ExpertMlp& mlp, const RoutedTokens& local,
-                          int64_t num_local_experts, const RowLoader& load_row);
+                          int64_t num_local_experts, const RowLoader& load_row,
+                          ExpertWorkspace& workspace);
 
 /// Σ_j w[t, j] · slots[t, j] over valid slots in fp32, slot order, rounded once to out's dtype;
 /// then, when rsf is set, out = round(out · rsf) (sglang multiplies the finished output).

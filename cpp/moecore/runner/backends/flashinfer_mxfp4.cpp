@@ -36,7 +36,7 @@
 #include "moecore/formats/fp4.h"
 #include "moecore/formats/layout.h"
 #include "moecore/kernels/convert.h"
-#include "moecore/kernels/gemm.h"
+#include "moecore/kernels/quant_gemm.h"
 #include "moecore/quant/quant_info.h"
 #include "moecore/runner/registry.h"
 
@@ -196,7 +196,7 @@ void decode_tile(const TensorView& w, const TensorView& s, const char* scale_nam
 /// canonical order), then bias (optional, bf16 [E, n_out]) and the bf16 rounding.
 void expert_gemm(const TensorView& w, const TensorView& s, const char* scale_name,
                  const TensorView& bias, const std::vector<int64_t>& offsets, const float* in,
-                 int64_t k_in, float* out, int64_t n_out, GemmRowsFn gemm) {
+                 int64_t k_in, float* out, int64_t n_out, ScaledGemmFn gemm) {
   const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
   const int64_t tiles = n_out / kTile;
   std::vector<int64_t> items;  // e · tiles + tile, for experts with rows
@@ -205,13 +205,20 @@ void expert_gemm(const TensorView& w, const TensorView& s, const char* scale_nam
       for (int64_t t = 0; t < tiles; ++t) items.push_back(e * tiles + t);
   parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
     std::vector<float> tile(static_cast<size_t>(kTile * k_in)), b(kTile);
+    WeightOperand decoded;  // the decoded tile: dense f32 rows of one "expert"
+    decoded.data = make_view(tile.data(), DType::kF32, {1, kTile, k_in});
+    decoded.num_experts = 1;
+    decoded.n = kTile;
+    decoded.k = k_in;
     for (int64_t it = begin; it < end; ++it) {
       const int64_t e = items[it] / tiles, r0 = (items[it] % tiles) * kTile;
       const int64_t m = offsets[e + 1] - offsets[e];
       decode_tile(w, s, scale_name, e, r0, tile.data());
       float* dst = out + offsets[e] * n_out + r0;
-      gemm(in + offsets[e] * k_in, m, k_in, tile.data(), DType::kF32, k_in, kTile, k_in, dst,
-           n_out);
+      ActivationCodes rows;
+      rows.codes = in + offsets[e] * k_in;
+      rows.ld = k_in;
+      gemm(rows, m, decoded, 0, 0, kTile, dst, n_out);
       const bool has_bias = bias.data != nullptr;
       if (has_bias) load_f32(bias.at({e, r0}), DType::kBF16, kTile, b.data());
       for (int64_t r = 0; r < m; ++r)
@@ -256,7 +263,7 @@ Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
   const int64_t n = g.n, k = g.k, tokens = g.tokens, top_k = g.top_k;
   Tensor out = Tensor::empty({tokens, k}, DType::kBF16);
   if (tokens == 0) return out;
-  const GemmRowsFn gemm = gemm_kernels(level).rows_times_wt;
+  const ScaledGemmFn gemm = scaled_gemm_kernel(level);
 
   // Gather: the valid local (token, slot) pairs grouped by expert, in slot order t·k + j.
   const TensorView ids = a.topk_ids.view();

@@ -12,18 +12,17 @@
 // the weighted per-slot rows round(w · y) [T, k, H] without rsf; inplace is not used.
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "moecore/core/error.h"
-#include "moecore/core/thread_pool.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/runner/expert_compute.h"
 #include "moecore/runner/registry.h"
 
 namespace moecore {
 namespace {
-
-constexpr int64_t kRowsPerItem = 32;  // rows of one expert processed per work item
 
 /// TorchNativeRunnerInput(hidden_states, topk_weights, topk_ids, sorted_tokens,
 /// tokens_per_expert, idxs).
@@ -76,12 +75,15 @@ RunnerInputPtr pre_permute_standard_to_torch_native(const DispatchOutputPtr& dis
   return input;
 }
 
+/// The core: the shared expert schedule over the expert-sorted rows, with a workspace reused
+/// across calls (its own, or the fused func's).
 class TorchNativeRunnerCore : public RunnerCore {
  public:
-  explicit TorchNativeRunnerCore(const MoeRunnerConfig& config)
+  TorchNativeRunnerCore(const MoeRunnerConfig& config, std::shared_ptr<ExpertWorkspace> workspace)
       : RunnerCore(config),
         spec_(activation_spec(config, "MoeRunner(torch_native)")),
-        gemm_(gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt) {
+        gemm_(scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar))),
+        workspace_(std::move(workspace)) {
     if (config.apply_router_weight_on_input)
       MOECORE_UNSUPPORTED("MoeRunner(torch_native): apply_router_weight_on_input is not "
                           "supported by the torch-native path");
@@ -100,32 +102,24 @@ class TorchNativeRunnerCore : public RunnerCore {
     out->hidden_states = Tensor::empty({valid, w.hidden}, w.dtype);
     if (valid == 0) return out;  // R9
 
-    // Work items: (expert, first row, rows), up to kRowsPerItem rows each, in expert order.
-    struct Item {
-      int64_t expert, row, rows;
+    ExpertWorkspace& ws = *workspace_;
+    std::lock_guard<std::mutex> lock(ws.mutex);
+    ws.rows.sorted_rows(in->tokens_per_expert.ptr<int64_t>(), w.num_experts);
+    MOECORE_CHECK(ws.rows.rows() == valid, "TorchNativeRunnerCore.run: tokens_per_expert sums to ",
+                  ws.rows.rows(), ", expected the ", valid, " sorted rows");
+    const TensorView src = in->sorted_tokens.view();
+    auto load = [&src](int64_t row, float* dst) {
+      load_f32(src.at({row, 0}), src.dtype, src.shape[1], dst);
     };
-    std::vector<Item> items;
-    const int64_t* counts = in->tokens_per_expert.ptr<int64_t>();
-    for (int64_t e = 0, first = 0; e < w.num_experts; first += counts[e], ++e)
-      for (int64_t r = 0; r < counts[e]; r += kRowsPerItem)
-        items.push_back({e, first + r, std::min<int64_t>(kRowsPerItem, counts[e] - r)});
-    const ExpertMlp mlp = dense_expert_mlp(w, spec_, gemm_);
-    const TensorView src = in->sorted_tokens.view(), dst = out->hidden_states.view();
-    parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
-      std::vector<float> a(kRowsPerItem * w.hidden), y(kRowsPerItem * w.hidden);
-      for (int64_t i = begin; i < end; ++i) {
-        const auto [e, row, m] = items[i];
-        load_f32(src.at({row, 0}), src.dtype, m * w.hidden, a.data());
-        expert_mlp(mlp, e, a.data(), m, nullptr, RowScaleAt::kNone, y.data());
-        store_f32(y.data(), m * w.hidden, w.dtype, dst.at({row, 0}));
-      }
-    });
+    run_expert_mlp(dense_expert_mlp(w, spec_, gemm_), ws, load, RowScaleAt::kNone,
+                   out->hidden_states.view());
     return out;
   }
 
  private:
   ActivationSpec spec_;
-  GemmRowsFn gemm_;
+  ScaledGemmFn gemm_;
+  std::shared_ptr<ExpertWorkspace> workspace_;
 };
 
 CombineInputPtr post_permute_torch_native_to_standard(const RunnerOutputPtr& runner_output,
@@ -164,14 +158,16 @@ CombineInputPtr post_permute_torch_native_to_standard(const RunnerOutputPtr& run
 
 CombineInputPtr fused_none_to_torch_native(const DispatchOutputPtr& dispatch,
                                            const QuantInfoPtr& q, const MoeRunnerConfig& config) {
+  // The fused func's state: one workspace for every runner that uses it (calls take turns).
+  static const auto workspace = std::make_shared<ExpertWorkspace>();
   RunningState state;
-  TorchNativeRunnerCore core(config);
+  TorchNativeRunnerCore core(config, workspace);
   RunnerInputPtr input = pre_permute_standard_to_torch_native(dispatch, q, config, state);
   return post_permute_torch_native_to_standard(core.run(input, q, state), q, config, state);
 }
 
 std::unique_ptr<RunnerCore> make_torch_native_core(const MoeRunnerConfig& config) {
-  return std::make_unique<TorchNativeRunnerCore>(config);
+  return std::make_unique<TorchNativeRunnerCore>(config, std::make_shared<ExpertWorkspace>());
 }
 
 }  // namespace

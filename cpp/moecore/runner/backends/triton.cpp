@@ -34,14 +34,16 @@
 //   use_int8_w8a16: W int8 with per-channel scales [E, N]; A unquantized; acc = dot(a, qw)·sw.
 // Weight scales must be finite and ≥ 0 (0 is an all-zero expert); static activation scales
 // finite and > 0. Every mode except dynamic per-tensor is batch invariant and, like the
-// unquantized path, bitwise deterministic across thread counts (the quantized GEMMs run the
-// scalar canonical dot at every ISA level).
+// unquantized path, bitwise deterministic across thread counts (the shared static schedule:
+// each output is one dot of the kernel row, in its fixed order, whatever the blocks).
 #include <cmath>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "moecore/core/error.h"
-#include "moecore/core/thread_pool.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/runner/expert_compute.h"
 #include "moecore/runner/quant_compute.h"
@@ -169,7 +171,7 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
   const int64_t E = w.num_experts;
 
   ExpertMlp& mlp = plan.mlp;
-  mlp.gemm = gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt;
+  mlp.gemm = scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar));
   WeightOperand& o1 = mlp.gemm1.weight;
   WeightOperand& o2 = mlp.gemm2.weight;
   if (q.use_fp8_w8a8 && !q.block_shape.empty()) {
@@ -276,75 +278,35 @@ void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t gro
   g.integer_codes = integer;
 }
 
-/// The quantized expert compute on the moe_align_block_size layout, in two stages so that a
-/// dynamic per-tensor GEMM2 scale can see every activation row first: (1) per block, GEMM1 →
-/// epilogue → activation into h2 rows indexed by slot; (2) per block, GEMM2 → epilogue into the
-/// slot outputs. Blocks and rows have a static schedule; each row's result depends only on its
-/// inputs and the (per-call) scales.
-void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, const int32_t* sorted,
-                   const int32_t* experts, int64_t num_blocks, RowScaleAt scale_at,
-                   const TensorView& slots) {
+/// The GEMM1 input of a compacted row: its token's hidden state, in fp32.
+auto token_rows(const RoutedTokens& tokens) {
+  return [&tokens](int64_t t, float* dst) {
+    load_f32(tokens.x.at({t, 0}), tokens.x.dtype, tokens.x.shape[1], dst);
+  };
+}
+
+/// The quantized expert compute on the shared schedule, its two phases apart so that a dynamic
+/// per-tensor GEMM2 scale sees every activation row first (rows of invalid slots would be zero
+/// in sglang's buffer, so they never change the amax). ws.rows holds the call's rows.
+void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, ExpertWorkspace& ws,
+                   RowScaleAt scale_at, const TensorView& slots) {
   ExpertMlp& mlp = plan.mlp;
-  const int64_t H = plan.shape.hidden, I = plan.shape.inter, n1 = plan.shape.n1;
-  const int64_t T = tokens.num_tokens, k = tokens.top_k;
-  const int64_t sentinel = T * k;
+  const int64_t H = plan.shape.hidden, I = plan.shape.inter;
   if (plan.q1 == ActQuant::kFp8PerTensorDynamic) {
     float amax = 0.0f;
     std::vector<float> row(static_cast<size_t>(H));
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = 0; t < tokens.num_tokens; ++t) {
       load_f32(tokens.x.at({t, 0}), tokens.x.dtype, H, row.data());
       amax = std::fmax(amax, amax_rows(row.data(), 1, H, H));
     }
     plan.s1 = fp8_dynamic_scale(amax, 0.0f);  // per_tensor_absmax: no eps
   }
   set_quantizer(mlp.gemm1, plan.q1, plan.s1, plan.group, plan.integer);
-  // Slot rows of the activation output; rows of invalid slots stay zero (sglang's kernel writes
-  // zeros for them), so they never change a per-tensor amax.
-  std::vector<float> h2(static_cast<size_t>(T * k * I), 0.0f);
-  parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
-    std::vector<float> a(kBlockM * H), h1(kBlockM * n1), act(kBlockM * I), scale(kBlockM);
-    std::vector<int64_t> slot(kBlockM);
-    ActivationSpec spec = mlp.activation;
-    spec.round_dtype = mlp.act_dtype;
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
-      for (int64_t r = 0; r < m; ++r) {
-        const int64_t s = slot[r];
-        scale[r] = tokens.weight(s / k, s % k);
-        load_f32(tokens.x.at({s / k, 0}), tokens.x.dtype, H, a.data() + r * H);
-      }
-      if (m == 0) continue;
-      const int64_t e = experts[b];
-      run_expert_gemm(mlp.gemm1, mlp.gemm, e, a.data(), m, h1.data());
-      expert_epilogue(h1.data(), m, n1, mlp.gemm1.bias, e, scale.data(),
-                      scale_at == RowScaleAt::kGemm1, mlp.act_dtype);
-      apply_activation(spec, h1.data(), n1, act.data(), I, m, I);
-      for (int64_t r = 0; r < m; ++r)
-        std::copy(act.begin() + r * I, act.begin() + (r + 1) * I, h2.begin() + slot[r] * I);
-    }
-  });
+  expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
   if (plan.q2 == ActQuant::kFp8PerTensorDynamic)
-    plan.s2 = fp8_dynamic_scale(amax_rows(h2.data(), T * k, I, I), 0.0f);
+    plan.s2 = fp8_dynamic_scale(amax_rows(expert_activations(ws), ws.rows.rows(), I, I), 0.0f);
   set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
-  parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
-    std::vector<float> a(kBlockM * I), y(kBlockM * H), scale(kBlockM);
-    std::vector<int64_t> slot(kBlockM);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
-      for (int64_t r = 0; r < m; ++r) {
-        const int64_t s = slot[r];
-        scale[r] = tokens.weight(s / k, s % k);
-        std::copy(h2.begin() + s * I, h2.begin() + (s + 1) * I, a.begin() + r * I);
-      }
-      if (m == 0) continue;
-      const int64_t e = experts[b];
-      run_expert_gemm(mlp.gemm2, mlp.gemm, e, a.data(), m, y.data());
-      expert_epilogue(y.data(), m, H, mlp.gemm2.bias, e, scale.data(),
-                      scale_at == RowScaleAt::kGemm2, mlp.act_dtype);
-      for (int64_t r = 0; r < m; ++r)
-        store_f32(y.data() + r * H, H, mlp.act_dtype, slots.at({slot[r] / k, slot[r] % k, 0}));
-    }
-  });
+  expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -380,12 +342,15 @@ RunnerInputPtr pre_permute_standard_to_triton(const DispatchOutputPtr& dispatch,
   return input;
 }
 
+/// The core: the shared expert schedule over the runner input's moe_align_block_size layout,
+/// with a workspace reused across calls (its own, or the fused func's).
 class TritonRunnerCore : public RunnerCore {
  public:
-  explicit TritonRunnerCore(const MoeRunnerConfig& config)
+  TritonRunnerCore(const MoeRunnerConfig& config, std::shared_ptr<ExpertWorkspace> workspace)
       : RunnerCore(config),
         spec_(activation_spec(config, "MoeRunner(triton)")),
-        gemm_(gemm_kernels(config.isa_level.value_or(IsaLevel::kScalar)).rows_times_wt) {}
+        gemm_(scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar))),
+        workspace_(std::move(workspace)) {}
 
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::TRITON; }
 
@@ -394,8 +359,15 @@ class TritonRunnerCore : public RunnerCore {
     auto* in = dynamic_cast<const TritonRunnerInput*>(runner_input.get());
     MOECORE_CHECK_DTYPE(in != nullptr, "TritonRunnerCore.run: expected a TritonRunnerInput");
     const TritonMoeQuantInfo& info = as_triton_info(quant_info);
-    if (info.is_quantized()) return run_quantized_core(*in, info);
-    const ExpertWeights w = validated_weights(info, config_, in->hidden_states);
+    std::optional<QuantPlan> plan;
+    ExpertWeights w;
+    if (info.is_quantized()) {
+      MOECORE_CHECK(in->hidden_states.defined(), kApi, ": hidden_states is required");
+      plan = make_quant_plan(info, config_, in->hidden_states.dtype());
+      w = plan->shape;
+    } else {
+      w = validated_weights(info, config_, in->hidden_states);
+    }
     const RoutedTokens tokens =
         check_routed_tokens("TritonRunnerCore.run", in->hidden_states,
                             StandardTopKOutput{in->topk_weights, in->topk_ids, {}}, w);
@@ -403,55 +375,27 @@ class TritonRunnerCore : public RunnerCore {
     out->hidden_states = Tensor::zeros({tokens.num_tokens, tokens.top_k, w.hidden}, w.dtype);
     if (tokens.num_tokens == 0) return out;  // R9: no kernel for empty input
 
-    const ExpertMlp mlp = dense_expert_mlp(w, spec_, gemm_);
     const RowScaleAt scale_at =
         config_.apply_router_weight_on_input ? RowScaleAt::kGemm1 : RowScaleAt::kGemm2;
-    const int32_t* sorted = in->sorted_token_ids.ptr<int32_t>();
-    const int32_t* experts = in->expert_ids.ptr<int32_t>();
-    const int64_t num_blocks = in->num_tokens_post_padded / kBlockM;
-    const int64_t sentinel = tokens.num_tokens * tokens.top_k;
+    ExpertWorkspace& ws = *workspace_;
+    std::lock_guard<std::mutex> lock(ws.mutex);
+    ws.rows.from_block_layout(in->sorted_token_ids.ptr<int32_t>(), in->expert_ids.ptr<int32_t>(),
+                              in->num_tokens_post_padded / kBlockM, kBlockM, tokens,
+                              w.num_experts, /*with_scale=*/true);
     const TensorView slots = out->hidden_states.view();
-    parallel_for(num_blocks, [&](int64_t begin, int64_t end) {
-      std::vector<float> a(kBlockM * w.hidden), y(kBlockM * w.hidden), scale(kBlockM);
-      std::vector<int64_t> slot(kBlockM);
-      for (int64_t b = begin; b < end; ++b) {
-        const int64_t m = block_slots(sorted, b, kBlockM, sentinel, slot.data());
-        for (int64_t r = 0; r < m; ++r) {
-          const int64_t s = slot[r];
-          scale[r] = tokens.weight(s / tokens.top_k, s % tokens.top_k);
-          load_f32(tokens.x.at({s / tokens.top_k, 0}), tokens.x.dtype, w.hidden,
-                   a.data() + r * w.hidden);
-        }
-        if (m == 0) continue;
-        expert_mlp(mlp, experts[b], a.data(), m, scale.data(), scale_at, y.data());
-        for (int64_t r = 0; r < m; ++r)
-          store_f32(y.data() + r * w.hidden, w.hidden, w.dtype,
-                    slots.at({slot[r] / tokens.top_k, slot[r] % tokens.top_k, 0}));
-      }
-    });
+    if (plan) {
+      run_quantized(*plan, tokens, ws, scale_at, slots);
+    } else {
+      run_expert_mlp(dense_expert_mlp(w, spec_, gemm_), ws, token_rows(tokens), scale_at,
+                     slot_rows(slots));
+    }
     return out;
   }
 
  private:
-  RunnerOutputPtr run_quantized_core(const TritonRunnerInput& in, const TritonMoeQuantInfo& info) {
-    MOECORE_CHECK(in.hidden_states.defined(), kApi, ": hidden_states is required");
-    QuantPlan plan = make_quant_plan(info, config_, in.hidden_states.dtype());
-    const RoutedTokens tokens =
-        check_routed_tokens("TritonRunnerCore.run", in.hidden_states,
-                            StandardTopKOutput{in.topk_weights, in.topk_ids, {}}, plan.shape);
-    auto out = std::make_shared<TritonRunnerOutput>();
-    out->hidden_states =
-        Tensor::zeros({tokens.num_tokens, tokens.top_k, plan.shape.hidden}, plan.shape.dtype);
-    if (tokens.num_tokens == 0) return out;  // R9: no kernel for empty input
-    const RowScaleAt scale_at =
-        config_.apply_router_weight_on_input ? RowScaleAt::kGemm1 : RowScaleAt::kGemm2;
-    run_quantized(plan, tokens, in.sorted_token_ids.ptr<int32_t>(), in.expert_ids.ptr<int32_t>(),
-                  in.num_tokens_post_padded / kBlockM, scale_at, out->hidden_states.view());
-    return out;
-  }
-
   ActivationSpec spec_;
-  GemmRowsFn gemm_;
+  ScaledGemmFn gemm_;
+  std::shared_ptr<ExpertWorkspace> workspace_;
 };
 
 CombineInputPtr post_permute_triton_to_standard(const RunnerOutputPtr& runner_output,
@@ -484,14 +428,16 @@ CombineInputPtr post_permute_triton_to_standard(const RunnerOutputPtr& runner_ou
 
 CombineInputPtr fused_none_to_triton(const DispatchOutputPtr& dispatch, const QuantInfoPtr& q,
                                      const MoeRunnerConfig& config) {
+  // The fused func's state: one workspace for every runner that uses it (calls take turns).
+  static const auto workspace = std::make_shared<ExpertWorkspace>();
   RunningState state;
   RunnerInputPtr input = pre_permute_standard_to_triton(dispatch, q, config, state);
-  TritonRunnerCore core(config);
+  TritonRunnerCore core(config, workspace);
   return post_permute_triton_to_standard(core.run(input, q, state), q, config, state);
 }
 
 std::unique_ptr<RunnerCore> make_triton_core(const MoeRunnerConfig& config) {
-  return std::make_unique<TritonRunnerCore>(config);
+  return std::make_unique<TritonRunnerCore>(config, std::make_shared<ExpertWorkspace>());
 }
 
 }  // namespace

@@ -1,0 +1,113 @@
+// Operands of the avx512_bf16 and amx rows of the scaled GEMM (included only by kernels/x86 files
+// built with AVX512-BF16 flags or more). Both rows multiply rows of codes in a padded K layout:
+// each K block of the weight's scale grid is padded with zeros to whole 64-byte steps, so a step
+// never straddles two blocks and padding adds exact zeros. Codes are bf16 (exact for bf16-valued
+// operands), int16 or int8 (exact integer codes for the int8 × int8 dot).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "moecore/core/error.h"
+#include "moecore/kernels/quant_gemm.h"
+
+namespace moecore {
+namespace {  // internal linkage: each ISA file keeps its own copy, compiled with its own flags
+
+constexpr int64_t kStepBytes = 64;
+
+enum class CodeType { kBf16, kInt16, kInt8 };
+
+inline int64_t code_bytes(CodeType type) { return type == CodeType::kInt8 ? 1 : 2; }
+
+/// Which operands may multiply in bf16 (decided by dtype and coding, never by values): the
+/// activation codes are bf16 values and the weights decode exactly to bf16 (every coding but
+/// f32/f16 dense weights).
+inline bool bf16_operands(const ActivationCodes& a, const WeightOperand& w) {
+  return a.bf16_exact && (w.coding != WeightCoding::kDense || w.data.dtype == DType::kBF16);
+}
+
+/// int8 codes on both sides: the dot is exact in int32 (as in scaled_gemm_ref).
+inline bool integer_operands(const ActivationCodes& a, const WeightOperand& w) {
+  return a.integer && w.coding == WeightCoding::kInt8;
+}
+
+/// The activation scales match the weight's K blocks (as scaled_gemm_ref requires).
+inline void check_activation_scales(const ActivationCodes& a, const WeightOperand& w) {
+  MOECORE_INTERNAL_CHECK(a.scales == nullptr || a.scales_per_row == 1 ||
+                             a.scales_per_row == w.num_k_blocks(),
+                         "activation scales per row (", a.scales_per_row,
+                         ") must be 1 or the weight's K blocks (", w.num_k_blocks(), ")");
+}
+
+/// The padded K layout of one row of codes.
+struct PaddedK {
+  int64_t k, block_k, num_blocks, step_codes;
+
+  PaddedK(const WeightOperand& w, CodeType type)
+      : k(w.k), block_k(w.k_block()), num_blocks(w.num_k_blocks()),
+        step_codes(kStepBytes / code_bytes(type)) {}
+
+  int64_t block_len(int64_t b) const { return std::min(block_k, k - b * block_k); }
+  int64_t block_steps(int64_t b) const { return (block_len(b) + step_codes - 1) / step_codes; }
+  /// First step of block b (every block but the last has block_k codes).
+  int64_t block_first_step(int64_t b) const { return b * block_steps(0); }
+  int64_t steps() const { return block_first_step(num_blocks - 1) + block_steps(num_blocks - 1); }
+  int64_t row_bytes() const { return steps() * kStepBytes; }
+};
+
+/// Writes n fp32 codes as `type` codes (bf16 round to nearest even: exact for bf16 values).
+inline void store_codes(const float* src, int64_t n, CodeType type, uint8_t* dst) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? static_cast<__mmask16>(0xffff)
+                                       : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(mask, src + i);
+    switch (type) {
+      case CodeType::kBf16:
+        _mm256_mask_storeu_epi16(dst + 2 * i, mask, (__m256i)_mm512_cvtneps_pbh(v));
+        break;
+      case CodeType::kInt16:
+        _mm512_mask_cvtsepi32_storeu_epi16(dst + 2 * i, mask, _mm512_cvtps_epi32(v));
+        break;
+      case CodeType::kInt8:
+        _mm512_mask_cvtsepi32_storeu_epi8(dst + i, mask, _mm512_cvtps_epi32(v));
+        break;
+    }
+  }
+}
+
+/// One row of K fp32 codes into the padded layout (row_bytes() bytes at dst).
+inline void pack_codes_row(const float* src, const PaddedK& pk, CodeType type, uint8_t* dst) {
+  std::memset(dst, 0, static_cast<size_t>(pk.row_bytes()));
+  for (int64_t b = 0; b < pk.num_blocks; ++b)
+    store_codes(src + b * pk.block_k, pk.block_len(b), type,
+                dst + pk.block_first_step(b) * kStepBytes);
+}
+
+/// Weight row `row` of expert e into the padded layout plus its num_blocks scales. bf16 weights
+/// are copied as they are; other codings decode exactly to fp32 first (`scratch`: K floats).
+inline void pack_weight_row(const WeightOperand& w, int64_t e, int64_t row, const PaddedK& pk,
+                            CodeType type, float* scratch, uint8_t* dst, float* scales) {
+  if (type == CodeType::kBf16 && w.coding == WeightCoding::kDense) {  // bf16 (bf16_operands)
+    std::memset(dst, 0, static_cast<size_t>(pk.row_bytes()));
+    const uint8_t* src = static_cast<const uint8_t*>(w.data.at({e, row, 0}));
+    for (int64_t b = 0; b < pk.num_blocks; ++b)
+      std::memcpy(dst + pk.block_first_step(b) * kStepBytes, src + 2 * b * pk.block_k,
+                  static_cast<size_t>(2 * pk.block_len(b)));
+    scales[0] = 1.0f;
+    return;
+  }
+  decode_weight_row(w, e, row, scratch, scales);
+  pack_codes_row(scratch, pk, type, dst);
+}
+
+/// The per-expert post scale (1 when the operand has none).
+inline float expert_alpha(const WeightOperand& w, int64_t e) {
+  return w.alpha.data != nullptr ? w.alpha.ptr<float>()[e * w.alpha.strides[0]] : 1.0f;
+}
+
+}  // namespace
+}  // namespace moecore

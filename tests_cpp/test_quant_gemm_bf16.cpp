@@ -1,0 +1,263 @@
+// The avx512_bf16 and amx rows of the scaled GEMM (every such level this machine has): bf16-exact
+// operands match the scalar row within the fp32 tolerance of TESTING.md (they sum in the
+// instruction's order), int8 × int8 codes bitwise; each output is independent of the other rows
+// of the call, of the column split and of the thread; other operands run the avx512 row
+// (bitwise equal to scalar).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "moecore/isa/isa.h"
+#include "moecore/kernels/convert.h"
+#include "moecore/kernels/quant_gemm.h"
+
+namespace moecore {
+namespace {
+
+// TESTING.md, fp32 row: atol = rtol = 1e-5, the relative part taken of the sum of the terms'
+// magnitudes (two fp32 summation orders of a dot differ by up to ~K·2^-24 of that sum).
+constexpr double kTolerance = 1e-5;
+
+enum class Case {
+  kBf16, kF32, kFp8Tensor, kFp8Channel, kFp8Block, kInt8, kInt8Int8, kNvfp4, kMxfp4
+};
+
+const char* case_name(Case c) {
+  const char* names[] = {"bf16", "f32", "fp8_tensor", "fp8_channel", "fp8_block",
+                         "int8", "int8_int8", "nvfp4", "mxfp4"};
+  return names[static_cast<int>(c)];
+}
+
+// One expert-batched weight operand (E = 2, expert 1 used) with the tensors it views.
+struct Operand {
+  Tensor data, scale, alpha;
+  WeightOperand w;
+};
+
+Operand make_operand(std::mt19937& rng, Case c, int64_t n, int64_t k) {
+  constexpr int64_t kExperts = 2;
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), positive(0.5f, 2.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  Operand op;
+  WeightOperand& w = op.w;
+  w.num_experts = kExperts;
+  w.n = n;
+  w.k = k;
+  auto fill_f32 = [&](Tensor& t, auto&& dist) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = dist(rng);
+  };
+  switch (c) {
+    case Case::kBf16:
+    case Case::kF32: {
+      const DType dtype = c == Case::kBf16 ? DType::kBF16 : DType::kF32;
+      std::vector<float> values(static_cast<size_t>(kExperts * n * k));
+      for (float& v : values) v = unit(rng);
+      op.data = Tensor::empty({kExperts, n, k}, dtype);
+      store_f32(values.data(), op.data.numel(), dtype, op.data.view().data);
+      w.coding = WeightCoding::kDense;
+      break;
+    }
+    case Case::kFp8Tensor:
+    case Case::kFp8Channel:
+    case Case::kFp8Block: {
+      op.data = Tensor::empty({kExperts, n, k}, DType::kF8E4M3);
+      for (int64_t i = 0; i < op.data.numel(); ++i) {
+        int code = byte(rng);
+        if ((code & 0x7f) == 0x7f) code &= 0xf0;  // no NaN codes
+        static_cast<uint8_t*>(op.data.view().data)[i] = static_cast<uint8_t>(code);
+      }
+      w.coding = WeightCoding::kFp8;
+      if (c == Case::kFp8Tensor) op.scale = Tensor::empty({kExperts}, DType::kF32);
+      if (c == Case::kFp8Channel) op.scale = Tensor::empty({kExperts, n}, DType::kF32);
+      if (c == Case::kFp8Block) {
+        w.block_n = 16;
+        w.block_k = 32;
+        op.scale = Tensor::empty({kExperts, (n + 15) / 16, (k + 31) / 32}, DType::kF32);
+      }
+      fill_f32(op.scale, positive);
+      break;
+    }
+    case Case::kInt8:
+    case Case::kInt8Int8: {
+      std::uniform_int_distribution<int> code(-127, 127);
+      op.data = Tensor::empty({kExperts, n, k}, DType::kI8);
+      for (int64_t i = 0; i < op.data.numel(); ++i)
+        op.data.ptr<int8_t>()[i] = static_cast<int8_t>(code(rng));
+      op.scale = Tensor::empty({kExperts, n}, DType::kF32);
+      fill_f32(op.scale, positive);
+      w.coding = WeightCoding::kInt8;
+      break;
+    }
+    case Case::kNvfp4:
+    case Case::kMxfp4: {
+      const bool nv = c == Case::kNvfp4;
+      const int64_t group = nv ? 16 : 32;
+      op.data = Tensor::empty({kExperts, n, k / 2}, DType::kU8);
+      for (int64_t i = 0; i < op.data.numel(); ++i)
+        op.data.ptr<uint8_t>()[i] = static_cast<uint8_t>(byte(rng));
+      op.scale = Tensor::empty({kExperts, n, k / group}, DType::kU8);
+      // e4m3 scales 0.25 .. 1.875 (codes 0x28 .. 0x3f); e8m0 scales 2^-3 .. 2^0.
+      std::uniform_int_distribution<int> scale_code(nv ? 0x28 : 124, nv ? 0x3f : 127);
+      for (int64_t i = 0; i < op.scale.numel(); ++i)
+        op.scale.ptr<uint8_t>()[i] = static_cast<uint8_t>(scale_code(rng));
+      op.alpha = Tensor::empty({kExperts}, DType::kF32);
+      fill_f32(op.alpha, positive);
+      w.coding = nv ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4;
+      break;
+    }
+  }
+  w.data = op.data.view();
+  if (op.scale.numel() > 0) w.scale = op.scale.view();
+  if (op.alpha.numel() > 0) w.alpha = op.alpha.view();
+  return op;
+}
+
+// Activation codes [m, K] (row stride K + 3) with per-(row, K block) scales: bf16 values, or
+// int8 values for the int8 × int8 case.
+struct Activations {
+  std::vector<float> codes, scales;
+  ActivationCodes view;
+};
+
+Activations make_activations(std::mt19937& rng, Case c, int64_t m, const WeightOperand& w) {
+  Activations a;
+  const int64_t ld = w.k + 3, nb = w.num_k_blocks();
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), positive(0.5f, 2.0f);
+  std::uniform_int_distribution<int> code(-128, 127);
+  a.codes.resize(static_cast<size_t>(m * ld));
+  for (float& v : a.codes)
+    v = c == Case::kInt8Int8 ? static_cast<float>(code(rng)) : round_to(DType::kBF16, unit(rng));
+  a.scales.resize(static_cast<size_t>(m * nb));
+  for (float& s : a.scales) s = positive(rng);
+  a.view.codes = a.codes.data();
+  a.view.ld = ld;
+  a.view.scales = a.scales.data();
+  a.view.scales_per_row = nb;
+  a.view.integer = c == Case::kInt8Int8;
+  a.view.bf16_exact = true;
+  return a;
+}
+
+// Σ_b |sa[r, b]| · |sw[c, b]| · Σ_{k in b} |a[r, k] · w[c, k]| · |alpha|: the magnitude that
+// bounds the fp32 rounding error of any summation order of out[r, c].
+std::vector<double> term_magnitudes(const ActivationCodes& a, int64_t m, const WeightOperand& w,
+                                    int64_t e) {
+  const int64_t nb = w.num_k_blocks(), kb = w.k_block();
+  const double alpha = w.alpha.data != nullptr ? std::fabs(w.alpha.ptr<float>()[e]) : 1.0;
+  std::vector<float> codes(static_cast<size_t>(w.k)), scales(static_cast<size_t>(nb));
+  std::vector<double> out(static_cast<size_t>(m * w.n));
+  for (int64_t c = 0; c < w.n; ++c) {
+    decode_weight_row(w, e, c, codes.data(), scales.data());
+    for (int64_t r = 0; r < m; ++r) {
+      double sum = 0.0;
+      for (int64_t b = 0; b < nb; ++b) {
+        double block = 0.0;
+        for (int64_t i = b * kb; i < std::min(w.k, (b + 1) * kb); ++i)
+          block += std::fabs(double(a.codes[r * a.ld + i]) * codes[i]);
+        sum += block * std::fabs(a.scales[r * a.scales_per_row + b]) * std::fabs(scales[b]);
+      }
+      out[r * w.n + c] = sum * alpha;
+    }
+  }
+  return out;
+}
+
+// Row r of a call as its own call of one row.
+ActivationCodes row_alone(const ActivationCodes& a, int64_t r) {
+  ActivationCodes one = a;
+  one.codes = a.codes + r * a.ld;
+  one.scales = a.scales + r * a.scales_per_row;
+  return one;
+}
+
+std::vector<IsaLevel> bf16_levels() {
+  std::vector<IsaLevel> out;
+  for (IsaLevel level : available_isa_levels())
+    if (level >= IsaLevel::kAvx512Bf16) out.push_back(level);
+  return out;
+}
+
+class QuantGemmBf16Test : public ::testing::TestWithParam<std::tuple<IsaLevel, Case>> {};
+
+TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
+  const auto [level, c] = GetParam();
+  const ScaledGemmFn kernel = scaled_gemm_kernel(level);
+  const bool fp4 = c == Case::kNvfp4 || c == Case::kMxfp4;
+  // Bitwise classes: int8 × int8 is exact; f32 weights fall back to the canonical avx512 row.
+  const bool bitwise = c == Case::kInt8Int8 || c == Case::kF32;
+  std::mt19937 rng(7);
+  const int64_t e = 1;
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{16, 64}, {64, 96}, {33, fp4 ? 96 : 100},
+                      {19, fp4 ? 160 : 161}}) {
+    const Operand op = make_operand(rng, c, n, k);
+    for (int64_t m : {1, 2, 3, 16, 17, 64, 130}) {
+      SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << case_name(c) << " m="
+                                        << m << " n=" << n << " k=" << k);
+      const Activations a = make_activations(rng, c, m, op.w);
+      std::vector<float> out(m * n), ref(m * n);
+      kernel(a.view, m, op.w, e, 0, n, out.data(), n);
+      scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
+      const std::vector<double> magnitude = term_magnitudes(a.view, m, op.w, e);
+      for (int64_t i = 0; i < m * n; ++i) {
+        ASSERT_TRUE(std::isfinite(out[i])) << i;
+        if (bitwise)
+          ASSERT_EQ(out[i], ref[i]) << i;
+        else
+          ASSERT_NEAR(out[i], ref[i], kTolerance * (1.0 + magnitude[i])) << i;
+      }
+      // Rows alone (first, middle, last) give the same bits as inside the batch.
+      for (int64_t r : {int64_t{0}, m / 2, m - 1}) {
+        std::vector<float> alone(n);
+        kernel(row_alone(a.view, r), 1, op.w, e, 0, n, alone.data(), n);
+        for (int64_t j = 0; j < n; ++j) ASSERT_EQ(alone[j], out[r * n + j]) << "row " << r;
+      }
+      // Two column ranges on another thread (as a static schedule splits the work).
+      std::vector<float> split(m * n);
+      const int64_t n1 = n / 2 + 1;
+      std::thread([&] {
+        kernel(a.view, m, op.w, e, 0, n1, split.data(), n);
+        kernel(a.view, m, op.w, e, n1, n - n1, split.data() + n1, n);
+      }).join();
+      for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(split[i], out[i]) << i;
+    }
+  }
+}
+
+TEST_P(QuantGemmBf16Test, ActivationsNotBf16ExactRunTheCanonicalRow) {
+  const auto [level, c] = GetParam();
+  if (c == Case::kInt8Int8) GTEST_SKIP() << "int8 codes are exact at every level";
+  std::mt19937 rng(11);
+  const int64_t m = 5, n = 7, k = 96;
+  const Operand op = make_operand(rng, c, n, k);
+  Activations a = make_activations(rng, c, m, op.w);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (float& v : a.codes) v = unit(rng);  // f32 values, not bf16
+  a.view.bf16_exact = false;
+  std::vector<float> out(m * n), ref(m * n);
+  scaled_gemm_kernel(level)(a.view, m, op.w, 1, 0, n, out.data(), n);
+  scaled_gemm_ref(a.view, m, op.w, 1, 0, n, ref.data(), n);
+  for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(out[i], ref[i]) << i;
+}
+
+std::vector<std::tuple<IsaLevel, Case>> params() {
+  std::vector<std::tuple<IsaLevel, Case>> out;
+  for (IsaLevel level : bf16_levels())
+    for (Case c : {Case::kBf16, Case::kF32, Case::kFp8Tensor, Case::kFp8Channel, Case::kFp8Block,
+                   Case::kInt8, Case::kInt8Int8, Case::kNvfp4, Case::kMxfp4})
+      out.emplace_back(level, c);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmBf16Test, ::testing::ValuesIn(params()),
+                         [](const auto& info) {
+                           return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
+                                  case_name(std::get<1>(info.param));
+                         });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(QuantGemmBf16Test);
+
+}  // namespace
+}  // namespace moecore
