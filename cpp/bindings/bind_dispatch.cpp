@@ -40,6 +40,39 @@ py::dict from_quant_config(const QuantConfig& c) {
   return d;
 }
 
+/// BaseDispatcher's interface on a dispatcher class: dispatch / combine (the GIL released while
+/// the ranks exchange data), the quant config and the overlap args.
+template <typename D>
+py::class_<D, std::shared_ptr<D>> def_dispatcher_interface(py::class_<D, std::shared_ptr<D>> cls) {
+  const std::string what = std::string(py::str(cls.attr("__name__"))) + ".dispatch: hidden_states";
+  cls.def("dispatch", [what](D& d, py::object hidden, py::object topk) {
+        Tensor h = to_required_tensor(hidden, what.c_str());
+        TopKOutput t = to_topk_output(topk);
+        DispatchOutputPtr out;
+        {
+          py::gil_scoped_release release;
+          out = d.dispatch(h, t);
+        }
+        return from_dispatch_output(out);
+      }, "hidden_states"_a, "topk_output"_a)
+      .def("combine", [](D& d, py::object combine_input) {
+        CombineInputPtr c = to_combine_input(combine_input);
+        Tensor out;
+        {
+          py::gil_scoped_release release;
+          out = d.combine(c);
+        }
+        return to_numpy(out);
+      }, "combine_input"_a)
+      .def("set_quant_config", [](D& d, py::dict c) { d.set_quant_config(to_quant_config(c)); }, "quant_config"_a)
+      .def_property_readonly("quant_config", [](const D& d) { return from_quant_config(d.quant_config()); })
+      .def("set_overlap_args", [](D& d, py::object combine, py::object meta) {
+        d.set_overlap_args(hold(combine), hold(meta));
+      }, "combine_overlap_args"_a, "meta_overlap_args"_a)
+      .def("clear_overlap_args", &D::clear_overlap_args);
+  return cls;
+}
+
 }  // namespace
 
 void bind_dispatch(py::module_& m) {
@@ -83,10 +116,10 @@ void bind_dispatch(py::module_& m) {
            "hidden_states"_a)
       .def_property_readonly("hidden_states", [](const StandardCombineInput& c) { return to_numpy(c.hidden_states); });
 
-  py::class_<StandardDispatcher, std::shared_ptr<StandardDispatcher>>(
+  def_dispatcher_interface(py::class_<StandardDispatcher, std::shared_ptr<StandardDispatcher>>(
       m, "StandardDispatcher",
       "Dispatcher for a2a 'none'. With ep_size > 1 it maps global expert ids to this rank's "
-      "local ids (others → -1; -1 stays -1).")
+      "local ids (others → -1; -1 stays -1)."))
       .def(py::init([](int64_t num_experts, int64_t ep_size, int64_t ep_rank,
                        int64_t num_fused_shared_experts, py::object runner_backend) {
              return std::make_shared<StandardDispatcher>(
@@ -96,29 +129,11 @@ void bind_dispatch(py::module_& m) {
            }),
            "num_experts"_a, py::kw_only(), "ep_size"_a = 1, "ep_rank"_a = 0,
            "num_fused_shared_experts"_a = 0, "runner_backend"_a = py::none())
-      .def("dispatch", [](StandardDispatcher& d, py::object hidden, py::object topk) {
-        Tensor h = to_required_tensor(hidden, "StandardDispatcher.dispatch: hidden_states");
-        TopKOutput t = to_topk_output(topk);
-        DispatchOutputPtr out;
-        {
-          py::gil_scoped_release release;
-          out = d.dispatch(h, t);
-        }
-        return from_dispatch_output(out);
-      }, "hidden_states"_a, "topk_output"_a)
-      .def("combine", [](StandardDispatcher& d, py::object combine_input) {
-        return to_numpy(d.combine(to_combine_input(combine_input)));
-      }, "combine_input"_a)
-      .def("set_quant_config", [](StandardDispatcher& d, py::dict c) { d.set_quant_config(to_quant_config(c)); }, "quant_config"_a)
-      .def_property_readonly("quant_config", [](const StandardDispatcher& d) { return from_quant_config(d.quant_config()); })
       .def_property_readonly("local_expert_mapping", [](const StandardDispatcher& d) { return to_numpy(d.local_expert_mapping()); })
       .def_property_readonly("num_local_experts", &StandardDispatcher::num_local_experts)
       .def_property_readonly("ep_size", &StandardDispatcher::ep_size)
       .def_property_readonly("ep_rank", &StandardDispatcher::ep_rank)
-      .def("set_overlap_args", [](StandardDispatcher& d, py::object combine, py::object meta) {
-        d.set_overlap_args(hold(combine), hold(meta));
-      }, "combine_overlap_args"_a, "meta_overlap_args"_a)
-      .def("clear_overlap_args", &StandardDispatcher::clear_overlap_args);
+;
 }
 
 }  // namespace moecore::bindings
@@ -266,11 +281,11 @@ void bind_ep_dispatchers(py::module_& m) {
     }
     return from_dispatch_output(out);
   };
-  py::class_<DeepEPDispatcher, std::shared_ptr<DeepEPDispatcher>>(
+  def_dispatcher_interface(py::class_<DeepEPDispatcher, std::shared_ptr<DeepEPDispatcher>>(
       m, "DeepEPDispatcher",
       "DeepEP's normal / low-latency dispatcher over a Transport (a2a 'deepep'). Calls follow "
       "dispatch_a → dispatch_b → combine_a → combine_b; all ranks must call them together "
-      "(each from its own thread). See README 'Expert parallelism'.")
+      "(each from its own thread). See README 'Expert parallelism'."))
       .def(py::init([](TransportPtr transport, int64_t num_experts, int64_t num_local_experts,
                        int64_t hidden_size, int64_t top_k, py::object mode,
                        int64_t num_max_dispatch_tokens_per_rank, py::object runner_backend,
@@ -302,15 +317,6 @@ void bind_ep_dispatchers(py::module_& m) {
         d.dispatch_a(h, t);
       }, "hidden_states"_a, "topk_output"_a)
       .def("dispatch_b", dispatch_b)
-      .def("dispatch", [=](DeepEPDispatcher& d, py::object hidden, py::object topk) {
-        Tensor h = to_required_tensor(hidden, "DeepEPDispatcher.dispatch: hidden_states");
-        TopKOutput t = to_topk_output(topk);
-        {
-          py::gil_scoped_release release;
-          d.dispatch_a(h, t);
-        }
-        return dispatch_b(d);
-      }, "hidden_states"_a, "topk_output"_a)
       .def("combine_a", [](DeepEPDispatcher& d, py::object combine_input) {
         CombineInputPtr c = to_combine_input(combine_input);
         py::gil_scoped_release release;
@@ -324,27 +330,16 @@ void bind_ep_dispatchers(py::module_& m) {
         }
         return to_numpy(out);
       })
-      .def("combine", [](DeepEPDispatcher& d, py::object combine_input) {
-        CombineInputPtr c = to_combine_input(combine_input);
-        Tensor out;
-        {
-          py::gil_scoped_release release;
-          out = d.combine(c);
-        }
-        return to_numpy(out);
-      }, "combine_input"_a)
       .def("set_is_extend_in_batch", &DeepEPDispatcher::set_is_extend_in_batch, "is_extend"_a)
-      .def("set_quant_config", [](DeepEPDispatcher& d, py::dict c) { d.set_quant_config(to_quant_config(c)); }, "quant_config"_a)
-      .def_property_readonly("quant_config", [](const DeepEPDispatcher& d) { return from_quant_config(d.quant_config()); })
       .def("resolve_payload", [](const DeepEPDispatcher& d) { return payload_name(d.resolve_payload()); },
            "The payload dtype the next dispatch sends: 'bf16', 'fp8' or 'nvfp4'.")
       .def_property_readonly("stage", [](const DeepEPDispatcher& d) { return deepep_stage_name(d.stage()); })
       .def_property_readonly("num_local_experts", &DeepEPDispatcher::num_local_experts)
       .def_property_readonly("max_rows_per_expert", &DeepEPDispatcher::max_rows_per_expert);
 
-  py::class_<FlashinferDispatcher, std::shared_ptr<FlashinferDispatcher>>(
+  def_dispatcher_interface(py::class_<FlashinferDispatcher, std::shared_ptr<FlashinferDispatcher>>(
       m, "FlashinferDispatcher",
-      "FlashInfer's all-to-all dispatcher over a Transport (a2a 'flashinfer'); see README.")
+      "FlashInfer's all-to-all dispatcher over a Transport (a2a 'flashinfer'); see README."))
       .def(py::init([](TransportPtr transport, int64_t num_experts, int64_t num_local_experts,
                        int64_t hidden_size, int64_t top_k, py::object runner_backend) {
              FlashinferDispatchConfig c{num_experts, num_local_experts, hidden_size, top_k,
@@ -354,26 +349,6 @@ void bind_ep_dispatchers(py::module_& m) {
            }),
            "transport"_a, py::kw_only(), "num_experts"_a, "num_local_experts"_a, "hidden_size"_a,
            "top_k"_a, "runner_backend"_a = "flashinfer_cutlass")
-      .def("dispatch", [](FlashinferDispatcher& d, py::object hidden, py::object topk) {
-        Tensor h = to_required_tensor(hidden, "FlashinferDispatcher.dispatch: hidden_states");
-        TopKOutput t = to_topk_output(topk);
-        DispatchOutputPtr out;
-        {
-          py::gil_scoped_release release;
-          out = d.dispatch(h, t);
-        }
-        return from_dispatch_output(out);
-      }, "hidden_states"_a, "topk_output"_a)
-      .def("combine", [](FlashinferDispatcher& d, py::object combine_input) {
-        CombineInputPtr c = to_combine_input(combine_input);
-        Tensor out;
-        {
-          py::gil_scoped_release release;
-          out = d.combine(c);
-        }
-        return to_numpy(out);
-      }, "combine_input"_a)
-      .def("set_quant_config", [](FlashinferDispatcher& d, py::dict c) { d.set_quant_config(to_quant_config(c)); }, "quant_config"_a)
       .def("resolve_payload", [](const FlashinferDispatcher& d) { return payload_name(d.resolve_payload()); })
       .def_property_readonly("invalid_expert_id", &FlashinferDispatcher::invalid_expert_id);
 }
