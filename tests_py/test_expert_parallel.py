@@ -149,12 +149,14 @@ def _run_ranks(ranks, fn):
     return results, errors
 
 
-@pytest.mark.parametrize("payload", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("payload", ["fp8", "fp8_ue8m0", "nvfp4"])
 def test_dispatcher_payload_rows_match_the_quantizers(problem, payload):
-    """The low-latency payload of each row equals moecore's own quantizer on that token."""
+    """The low-latency payload of each row equals moecore's own quantizer on that token; in
+    UE8M0 mode the scales travel packed, four E8M0 bytes per int32, as DeepEP sends them."""
     import moecore.formats as mf
 
     ranks = 2
+    ue8m0 = payload == "fp8_ue8m0"
     group = moecore.LoopbackGroup(ranks)
     x = problem.x[:6]
     ids = problem.topk_ids[:6]
@@ -162,16 +164,22 @@ def test_dispatcher_payload_rows_match_the_quantizers(problem, payload):
     def rank(r):
         d = moecore.DeepEPDispatcher(group.transport(r), num_experts=E, num_local_experts=E // 2,
                                      hidden_size=H, top_k=K, mode="low_latency",
-                                     num_max_dispatch_tokens_per_rank=8)
+                                     num_max_dispatch_tokens_per_rank=8,
+                                     round_scale=ue8m0, use_ue8m0=ue8m0)
         if payload == "nvfp4":
             d.set_quant_config({"input_global_scale": 3.0})
-        assert d.resolve_payload() == payload
+        assert d.resolve_payload() == payload.removesuffix("_ue8m0")
         return d.dispatch(x, moecore.StandardTopKOutput(problem.topk_weights[:6], ids))
 
     outs, errors = _run_ranks(ranks, rank)
     assert errors == [None, None]
-    q, s = (mf.quantize_fp8_per_token_group(x) if payload == "fp8"
-            else mf.quantize_nvfp4(x, np.float32(3.0)))
+    if payload == "nvfp4":
+        q, s = mf.quantize_nvfp4(x, np.float32(3.0))
+    else:
+        q, s = mf.quantize_fp8_per_token_group(x, scale_ue8m0=ue8m0)
+        if ue8m0:
+            s = mf.pack_ue8m0(s)
+            assert outs[0].hidden_states_scale.dtype == np.int32
     for r, out in enumerate(outs):
         for e in range(E // 2):
             # Both ranks send the same batch: rows by source rank, then token and slot.
@@ -198,9 +206,11 @@ def test_failed_rank_error_reaches_the_caller(problem):
         group.forward_topk(x, topk, is_extend_in_batch=True)
 
 
-def test_fp8_payload_equals_single_rank_fp8_deep_gemm():
+@pytest.mark.parametrize("ue8m0", [False, True])
+def test_fp8_payload_equals_single_rank_fp8_deep_gemm(ue8m0):
     """FP8-block experts on deep_gemm: the EP payload is the per-token-group-128 quantization the
-    single-rank standard pre-permute applies, so every rank matches it bit for bit."""
+    single-rank standard pre-permute applies, so every rank matches it bit for bit — also in
+    DeepGEMM's UE8M0 mode, where the dispatcher sends packed power-of-two scales."""
     import moecore.formats as mf
     e_count, h, inter = 8, 128, 128
     rng = np.random.default_rng(5)
@@ -211,7 +221,8 @@ def test_fp8_payload_equals_single_rank_fp8_deep_gemm():
             shards[name, e] = mf.quantize_fp8_block(w)
 
     def method():
-        return moecore.Fp8MoEMethod(weight_scheme="block", weight_block_size=[128, 128])
+        return moecore.Fp8MoEMethod(weight_scheme="block", weight_block_size=[128, 128],
+                                    scale_ue8m0=ue8m0)
 
     def load(target, group):
         for (name, e), (q, s) in shards.items():
@@ -236,6 +247,7 @@ def test_fp8_payload_equals_single_rank_fp8_deep_gemm():
                                                  num_max_dispatch_tokens_per_rank=16, **kw),
                      group=True)
         assert group.layers[0].dispatcher.resolve_payload() == "fp8"
+        assert group.layers[0].dispatcher.use_ue8m0 == ue8m0
         for is_extend in (True, False):
             _check_equal(group, single, x, ids, weights, ranks, is_extend)
 

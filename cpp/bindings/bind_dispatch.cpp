@@ -334,6 +334,8 @@ void bind_ep_dispatchers(py::module_& m) {
       .def("resolve_payload", [](const DeepEPDispatcher& d) { return payload_name(d.resolve_payload()); },
            "The payload dtype the next dispatch sends: 'bf16', 'fp8' or 'nvfp4'.")
       .def_property_readonly("stage", [](const DeepEPDispatcher& d) { return deepep_stage_name(d.stage()); })
+      .def_property_readonly("use_ue8m0", [](const DeepEPDispatcher& d) { return d.config().use_ue8m0; },
+                             "FP8 payload scales as packed UE8M0 (int32, four E8M0 bytes a word).")
       .def_property_readonly("num_local_experts", &DeepEPDispatcher::num_local_experts)
       .def_property_readonly("max_rows_per_expert", &DeepEPDispatcher::max_rows_per_expert);
 

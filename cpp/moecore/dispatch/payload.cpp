@@ -82,7 +82,8 @@ PayloadRows quantize_payload(const Tensor& x, DispatchPayload payload, float glo
       QuantizedTensor qt =
           quantize_fp8_per_token_group(x.view(), kFp8GroupSize, kDefaultMinAmax, ue8m0);
       rows.q = qt.q;
-      rows.scale = qt.scale;
+      // DeepEP's UE8M0 mode sends the power-of-two scales as packed E8M0 bytes, four per int32.
+      rows.scale = ue8m0 ? pack_ue8m0(qt.scale.view()) : qt.scale;
       break;
     }
     case DispatchPayload::kNVFP4: {

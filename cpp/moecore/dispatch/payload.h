@@ -25,7 +25,8 @@ std::optional<float> input_global_scale(const QuantConfig& config, const char* a
 /// A [T, H] bf16 activation quantized for sending:
 ///   kBF16  q bf16 [T, H], no scale;
 ///   kFP8   q e4m3 [T, H], scale f32 [T, H/128] (per-token-group-128, sglang's
-///          per_token_group_quant_fp8; ue8m0 rounds scales up to powers of two, kept as f32);
+///          per_token_group_quant_fp8; with ue8m0 the scales are rounded up to powers
+///          of two and packed as DeepEP sends them: int32 [T, ⌈H/512⌉], four E8M0 bytes a word);
 ///   kNVFP4 q packed e2m1 [T, H/2], scale e4m3 [T, H/16] (linear), with the global scale.
 /// A row travels as its q bytes followed by its scale bytes.
 struct PayloadRows {

@@ -91,6 +91,9 @@ std::shared_ptr<BaseDispatcher> FusedMoE::make_dispatcher() const {
   c.runner_backend = runner_backend_;
   c.expert_alignment = runner_backend_ == MoeRunnerBackend::DEEP_GEMM ? 128 : 1;  // DeepGEMM JIT
   c.routed_scaling_factor = o.runner_config.routed_scaling_factor;
+  // DeepGEMM's UE8M0 mode: DeepEP rounds the FP8 payload scales to powers of two and packs them.
+  c.round_scale = c.use_ue8m0 =
+      runner_backend_ == MoeRunnerBackend::DEEP_GEMM && quant_method_->deep_gemm_scale_ue8m0();
   return std::make_shared<DeepEPDispatcher>(o.transport, c);
 }
 

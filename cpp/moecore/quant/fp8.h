@@ -52,6 +52,7 @@ class Fp8MoEMethod : public FusedMoEMethod {
  public:
   explicit Fp8MoEMethod(Fp8MoEOptions options = {});
   const char* name() const override { return "Fp8MoEMethod"; }
+  bool deep_gemm_scale_ue8m0() const override { return options_.scale_ue8m0; }
   void create_weights(FusedMoE& layer, int64_t num_experts, int64_t hidden_size,
                       int64_t intermediate_size_per_partition, DType params_dtype,
                       bool with_bias) override;

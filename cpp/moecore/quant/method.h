@@ -28,6 +28,9 @@ class FusedMoEMethod {
   virtual CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) = 0;
   /// True when w13 is loaded as [Up, Gate] (sglang's load_up_proj_weight_first).
   virtual bool load_up_proj_weight_first() const { return false; }
+  /// True when DeepGEMM runs in its UE8M0 mode (power-of-two activation scales): a DeepEP
+  /// dispatcher then sends FP8 payload scales as packed UE8M0 (sglang's DEEPGEMM_SCALE_UE8M0).
+  virtual bool deep_gemm_scale_ue8m0() const { return false; }
 
   const std::shared_ptr<MoeRunner>& runner() const { return runner_; }
 

@@ -485,19 +485,7 @@ Tensor deepep_scales_f32(const char* api, const Tensor& s, std::vector<int64_t> 
   MOECORE_CHECK(s.view().shape_vector() == packed, api,
                 ": expected int32-packed UE8M0 hidden_states_scale ", shape_string(packed),
                 " (four scale bytes per int32), got ", s.describe());
-  const Tensor c = Tensor::copy_of(s.view());
-  Tensor out = Tensor::empty(shape, DType::kF32);
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(c.ptr<int32_t>());
-  float* dst = out.ptr<float>();
-  const int64_t rows = out.numel() / groups;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t code = static_cast<uint8_t>(src[r * words + g / 4] >> (8 * (g % 4)));
-      MOECORE_CHECK(code != 0xFF, api, ": UE8M0 scale byte 0xFF (NaN) in row ", r, ", group ",
-                    g);
-      dst[r * groups + g] = e8m0_to_f32(code);
-    }
-  return out;
+  return unpack_ue8m0(s.view(), groups);  // 0xFF (NaN) bytes are an error there
 }
 
 /// The FP8 scale of a DeepEP payload, or undefined for BF16 (where a scale is an error).
