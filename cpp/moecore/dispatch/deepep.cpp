@@ -43,19 +43,8 @@ void check_r5(const DeepEPConfig& c, DispatchPayload payload) {
 DeepEPDispatcher::DeepEPDispatcher(TransportPtr transport, DeepEPConfig config)
     : transport_(std::move(transport)), config_(std::move(config)) {
   const DeepEPConfig& c = config_;
-  MOECORE_CHECK(transport_ != nullptr, kName, ": a transport is required");
-  const int64_t ranks = transport_->size();
-  MOECORE_CHECK(c.hidden_size > 0 && c.num_experts > 0, kName,
-                ": expected hidden_size and num_experts > 0, got ", c.hidden_size, " and ",
-                c.num_experts);
-  MOECORE_CHECK(c.num_experts % ranks == 0 && c.num_local_experts == c.num_experts / ranks, kName,
-                ": DeepEP places num_experts / ranks experts on every rank, so num_experts (",
-                c.num_experts, ") must divide evenly over ", ranks,
-                " ranks and num_local_experts"
-                " must be the quotient, got ",
-                c.num_local_experts);
-  MOECORE_CHECK(c.top_k >= 1 && c.top_k <= c.num_experts, kName, ": expected top_k in [1, ",
-                c.num_experts, "], got ", c.top_k);
+  check_expert_parallel_sizes(kName, transport_.get(), c.num_experts, c.num_local_experts,
+                              c.hidden_size, c.top_k);
   MOECORE_CHECK(c.expert_alignment >= 1, kName, ": expected expert_alignment >= 1, got ",
                 c.expert_alignment);
   if (c.num_max_dispatch_tokens_per_rank < 1 ||

@@ -9,6 +9,7 @@
 #include <string>
 #include <variant>
 
+#include "moecore/dispatch/transport.h"
 #include "moecore/dispatch/types.h"
 
 namespace moecore {
@@ -87,6 +88,12 @@ class StandardDispatcher : public BaseDispatcher {
 inline int64_t evenly_placed_local_id(int64_t global_expert_id, int64_t num_local, int64_t rank) {
   return global_expert_id / num_local == rank ? global_expert_id % num_local : -1;
 }
+
+/// The sizes every expert-parallel dispatcher checks at construction: a transport, hidden_size
+/// and num_experts > 0, experts placed evenly (num_local_experts = num_experts / ranks), top_k in
+/// [1, num_experts].
+void check_expert_parallel_sizes(const char* api, const Transport* transport, int64_t num_experts,
+                                 int64_t num_local_experts, int64_t hidden_size, int64_t top_k);
 
 /// True for runner backends whose kernels take global expert ids (no local mapping).
 bool uses_global_expert_ids(MoeRunnerBackend backend);

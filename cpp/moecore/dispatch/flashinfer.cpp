@@ -17,16 +17,8 @@ constexpr const char* kName = "FlashinferDispatcher";
 FlashinferDispatcher::FlashinferDispatcher(TransportPtr transport, FlashinferDispatchConfig config)
     : transport_(std::move(transport)), config_(config) {
   const FlashinferDispatchConfig& c = config_;
-  MOECORE_CHECK(transport_ != nullptr, kName, ": a transport is required");
-  const int64_t ranks = transport_->size();
-  MOECORE_CHECK(c.hidden_size > 0 && c.num_experts > 0, kName,
-                ": expected hidden_size and num_experts > 0, got ", c.hidden_size, " and ",
-                c.num_experts);
-  MOECORE_CHECK(c.num_experts % ranks == 0 && c.num_local_experts == c.num_experts / ranks, kName,
-                ": num_experts (", c.num_experts, ") must divide evenly over ", ranks,
-                " ranks and num_local_experts must be the quotient, got ", c.num_local_experts);
-  MOECORE_CHECK(c.top_k >= 1 && c.top_k <= c.num_experts, kName, ": expected top_k in [1, ",
-                c.num_experts, "], got ", c.top_k);
+  check_expert_parallel_sizes(kName, transport_.get(), c.num_experts, c.num_local_experts,
+                              c.hidden_size, c.top_k);
 }
 
 int32_t FlashinferDispatcher::invalid_expert_id() const {

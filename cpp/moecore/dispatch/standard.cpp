@@ -21,6 +21,21 @@ const Tensor& BaseDispatcher::local_expert_mapping() const {
   return kNone;
 }
 
+void check_expert_parallel_sizes(const char* api, const Transport* transport, int64_t num_experts,
+                                 int64_t num_local_experts, int64_t hidden_size, int64_t top_k) {
+  MOECORE_CHECK(transport != nullptr, api, ": a transport is required");
+  const int64_t ranks = transport->size();
+  MOECORE_CHECK(hidden_size > 0 && num_experts > 0, api,
+                ": expected hidden_size and num_experts > 0, got ", hidden_size, " and ",
+                num_experts);
+  MOECORE_CHECK(num_experts % ranks == 0 && num_local_experts == num_experts / ranks, api,
+                ": experts are placed evenly (num_experts / ranks on every rank), so num_experts (",
+                num_experts, ") must divide evenly over ", ranks,
+                " ranks and num_local_experts must be the quotient, got ", num_local_experts);
+  MOECORE_CHECK(top_k >= 1 && top_k <= num_experts, api, ": expected top_k in [1, ", num_experts,
+                "], got ", top_k);
+}
+
 bool uses_global_expert_ids(MoeRunnerBackend b) {
   switch (b) {
     case MoeRunnerBackend::FLASHINFER_CUTLASS:

@@ -159,6 +159,18 @@ def _localize(topk_ids, offset: int, num_local: int) -> np.ndarray:
 # The two runner contracts.
 
 
+
+def _nvfp4_expert_weights(w13, sf13, w2, sf2, linear_scales):
+    """Dequantized NVFP4 expert weights (w13 [E, N1, H], w2 [E, H, I] as float32) from packed
+    codes and their block scales; `linear_scales(sf, rows, cols)` turns the backend's scale
+    layout (128×4 swizzle or MMA view) into linear [E, rows, cols]."""
+    w13 = np.asarray(w13).view(np.uint8)
+    w2 = np.asarray(w2).view(np.uint8)
+    n1, h, inter = w13.shape[1], w13.shape[2] * 2, w2.shape[2] * 2
+    w13v = nvfp4_values_ref(w13, linear_scales(np.asarray(sf13).view(np.uint8), n1, h // 16))
+    w2v = nvfp4_values_ref(w2, linear_scales(np.asarray(sf2).view(np.uint8), h, inter // 16))
+    return w13v, w2v
+
 def flashinfer_cutlass_moe_ref(
     x,
     topk_ids,
@@ -202,16 +214,8 @@ def flashinfer_cutlass_moe_ref(
     elif quant_type == "fp4":
         act_dtype = _act_dtype_name(output_dtype or "bf16")
         a1, sf13, g1, a2, sf2, g2 = quant_scales
-        w13 = np.asarray(w13).view(np.uint8)
-        w2 = np.asarray(w2).view(np.uint8)
-        n1, h = w13.shape[1], w13.shape[2] * 2
-        inter = w2.shape[2] * 2
-        w13v = nvfp4_values_ref(
-            w13, unswizzle_nvfp4_scales_ref(np.asarray(sf13).view(np.uint8), n1, h // 16)
-        )
-        w2v = nvfp4_values_ref(
-            w2, unswizzle_nvfp4_scales_ref(np.asarray(sf2).view(np.uint8), h, inter // 16)
-        )
+        w13v, w2v = _nvfp4_expert_weights(w13, sf13, w2, sf2, unswizzle_nvfp4_scales_ref)
+        h, inter = w13v.shape[2], w2v.shape[2]
         if hidden_states_scale is not None:
             t = x.shape[0]
             xs = unswizzle_nvfp4_scales_ref(
@@ -275,16 +279,9 @@ def cutedsl_v2_moe_ref(
     """The flashinfer_cutedsl v2 contract: w13 [Up; Gate] 64-row interleaved, MMA-view scales,
     scalar a1/a2 global scales; bf16 output as float32 values [T, H]. hidden_states_scale: x is
     packed u8 [T, H/2] with linear e4m3 scales [T, H/16] (flashinfer dispatch)."""
-    w13 = np.asarray(w13).view(np.uint8)
-    w2 = np.asarray(w2).view(np.uint8)
-    e, n1, h = w13.shape[0], w13.shape[1], w13.shape[2] * 2
-    inter = n1 // 2
-    w13v = nvfp4_values_ref(
-        w13, linear_scales_from_mma_ref(np.asarray(w13_weight_sf).view(np.uint8), n1, h // 16)
-    )
-    w2v = nvfp4_values_ref(
-        w2, linear_scales_from_mma_ref(np.asarray(w2_weight_sf).view(np.uint8), h, inter // 16)
-    )
+    w13v, w2v = _nvfp4_expert_weights(w13, w13_weight_sf, w2, w2_weight_sf,
+                                      linear_scales_from_mma_ref)
+    e, h, inter = w13v.shape[0], w13v.shape[2], w13v.shape[1] // 2
     a1v = F32(np.asarray(a1_scale, F32).reshape(-1)[0])
     a2v = F32(np.asarray(a2_scale, F32).reshape(-1)[0])
     alpha1 = np.asarray(w1_alpha, F32).reshape(-1)
@@ -329,16 +326,9 @@ def cutedsl_v1_masked_ref(
     one value). x: bf16 [E, M, H], or packed u8 [E, M, H/2] with linear e4m3
     hidden_states_scale [E, M, H/16] (NVFP4 dispatch). Only rows [0, masked_m[e]) are read.
     Returns the UNWEIGHTED bf16 output [E, M, H] as float32 values; other rows are zero."""
-    w13 = np.asarray(w13).view(np.uint8)
-    w2 = np.asarray(w2).view(np.uint8)
-    e, n1, h = w13.shape[0], w13.shape[1], w13.shape[2] * 2
-    inter = n1 // 2
-    w13v = nvfp4_values_ref(
-        w13, unswizzle_nvfp4_scales_ref(np.asarray(w13_weight_sf).view(np.uint8), n1, h // 16)
-    )
-    w2v = nvfp4_values_ref(
-        w2, unswizzle_nvfp4_scales_ref(np.asarray(w2_weight_sf).view(np.uint8), h, inter // 16)
-    )
+    w13v, w2v = _nvfp4_expert_weights(w13, w13_weight_sf, w2, w2_weight_sf,
+                                      unswizzle_nvfp4_scales_ref)
+    e, h, inter = w13v.shape[0], w13v.shape[2], w13v.shape[1] // 2
 
     def per_expert(v):
         v = np.asarray(v, F32).reshape(-1)
