@@ -212,7 +212,7 @@ def test_fp8_payload_equals_single_rank_fp8_deep_gemm(ue8m0):
     single-rank standard pre-permute applies, so every rank matches it bit for bit — also in
     DeepGEMM's UE8M0 mode, where the dispatcher sends packed power-of-two scales."""
     import moecore.formats as mf
-    e_count, h, inter = 8, 128, 128
+    e_count, h, inter = 24, 128, 128  # E divides over 1, 2, 3, 4 and 8 ranks
     rng = np.random.default_rng(5)
     shards = {}
     for e in range(e_count):
@@ -239,10 +239,10 @@ def test_fp8_payload_equals_single_rank_fp8_deep_gemm(ue8m0):
               topk_config=moecore.TopKConfig(top_k=K), runner_config=_cfg(),
               runner_backend="deep_gemm")
     single = load(moecore.FusedMoE(quant_method=method(), **kw), group=False)
-    x = rng.standard_normal((12, h)).astype(BF16)
-    ids = rng.integers(-1, e_count, (12, K)).astype(np.int32)
-    weights = rng.random((12, K)).astype(np.float32)
-    for ranks in (2, 4):
+    x = rng.standard_normal((32, h)).astype(BF16)
+    ids = rng.integers(-1, e_count, (32, K)).astype(np.int32)
+    weights = rng.random((32, K)).astype(np.float32)
+    for ranks in (1, 2, 3, 4, 8):
         group = load(moecore.ExpertParallelGroup(ranks, a2a_backend="deepep", quant_method=method,
                                                  num_max_dispatch_tokens_per_rank=16, **kw),
                      group=True)
@@ -260,13 +260,13 @@ def test_nvfp4_cutedsl_low_latency_is_rank_invariant(payload):
     for bit."""
     from moecore.testing import nvfp4 as N
     rng = np.random.default_rng(3)
-    e_count, h, inter = 8, 128, 128
+    e_count, h, inter, tokens = 24, 128, 128, 24  # both divide over 1, 2, 3, 4 and 8 ranks
     ckpt = N.make_modelopt_checkpoint(rng, e_count, h, inter)
-    x = rng.standard_normal((12, h)).astype(BF16)
-    ids = rng.integers(-1, e_count, (12, K)).astype(np.int32)
-    weights = rng.random((12, K)).astype(np.float32)
+    x = rng.standard_normal((tokens, h)).astype(BF16)
+    ids = rng.integers(-1, e_count, (tokens, K)).astype(np.int32)
+    weights = rng.random((tokens, K)).astype(np.float32)
     outs = {}
-    for ranks in (1, 2, 4):
+    for ranks in (1, 2, 3, 4, 8):
         group = moecore.ExpertParallelGroup(
             ranks, num_experts=e_count, hidden_size=h, intermediate_size=inter,
             topk_config=moecore.TopKConfig(top_k=K), runner_backend="flashinfer_cutedsl",
@@ -274,7 +274,7 @@ def test_nvfp4_cutedsl_low_latency_is_rank_invariant(payload):
             deepep_mode="low_latency",
             quant_method=lambda: moecore.ModelOptNvFp4FusedMoEMethod(
                 nvfp4_dispatch=payload == "nvfp4"),
-            num_max_dispatch_tokens_per_rank=16)
+            num_max_dispatch_tokens_per_rank=tokens)
         assert all(layer.deprecate_flag for layer in group.layers)  # R4's generic path
         for e, shards in ckpt.items():
             for shard, tensors in shards.items():
@@ -284,14 +284,14 @@ def test_nvfp4_cutedsl_low_latency_is_rank_invariant(payload):
         group.process_weights_after_loading()
         for layer in group.layers:
             assert layer.dispatcher.resolve_payload() == payload
-        n = 12 // ranks
+        n = tokens // ranks
         parts = [slice(r * n, (r + 1) * n) for r in range(ranks)]
         got = group.forward_topk([x[s] for s in parts],
                                  [moecore.StandardTopKOutput(weights[s], ids[s]) for s in parts],
                                  is_extend_in_batch=False)
         outs[ranks] = np.concatenate(got)
         assert np.isfinite(outs[ranks].astype(np.float32)).all()
-    for ranks in (2, 4):
+    for ranks in (2, 3, 4, 8):
         assert_bitwise_equal(outs[ranks], outs[1])
 
 
