@@ -15,47 +15,15 @@
 #include "moecore/dispatch/dispatcher.h"
 #include "moecore/runner/expert_compute.h"
 #include "moecore/runner/runner.h"
+#include "support/counting_allocator.h"
 #include "support/moe_problem.h"
-
-// A counting global operator new for the steady-state allocation test: it counts only while a
-// test has switched counting on (every thread's allocations, pool workers included).
-namespace {
-std::atomic<bool> g_count_allocations{false};
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-// The nothrow pair too (std::stable_sort's temporary buffer uses it): sanitizers replace every
-// form they are not given, and a block must be freed by the family that allocated it.
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return ::operator new(n);
-  } catch (const std::bad_alloc&) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace moecore {
 namespace {
 
 using testing::make_problem;
 
-/// Heap allocations (operator new, any thread) made while fn runs.
-template <typename F>
-int64_t count_allocations(F&& fn) {
-  g_allocations = 0;
-  g_count_allocations = true;
-  fn();
-  g_count_allocations = false;
-  return g_allocations;
-}
+using testing::count_allocations;
 using testing::MoeProblem;
 
 TEST(RegistryTest, RegisteredKeysEqualTheExpectedTable) {

@@ -36,3 +36,10 @@ def test_readme_examples_run_and_match_the_reference():
     y, y8 = np.asarray(ns["y"], np.float32), np.asarray(ns["y8"], np.float32)
     nmse = float(np.sum((y8 - y) ** 2) / np.sum(y**2))
     assert 1e-5 < nmse < 2e-2, nmse
+
+
+def test_readme_capture_example_replays_bitwise():
+    capture_example = next(b for b in _python_blocks() if "MoeGraphRunner" in b)
+    ns = {}
+    exec(compile(capture_example, f"{README}:capture", "exec"), ns)  # noqa: S102
+    assert ns["graph"].capacity == 8

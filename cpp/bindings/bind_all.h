@@ -20,6 +20,7 @@ void bind_quant_nvfp4(py::module_& m);
 void bind_quant_mxfp4(py::module_& m);
 void bind_runner(py::module_& m);
 void bind_layer(py::module_& m);
+void bind_capture(py::module_& m);
 void bind_bench(py::module_& m);
 
 }  // namespace moecore::bindings

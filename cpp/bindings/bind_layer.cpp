@@ -93,6 +93,9 @@ void bind_layer(py::module_& m) {
         return d;
       })
       .def_property_readonly("moe_runner_config", &FusedMoE::config)
+      .def_property_readonly("num_experts", [](const FusedMoE& l) { return l.options().num_experts; })
+      .def_property_readonly("hidden_size", [](const FusedMoE& l) { return l.options().hidden_size; })
+      .def_property_readonly("top_k", [](const FusedMoE& l) { return l.options().topk_config.top_k; })
       .def_property_readonly("num_local_experts", &FusedMoE::num_local_experts)
       .def_property_readonly("intermediate_size_per_partition", &FusedMoE::intermediate_size_per_partition)
       .def_property_readonly("runner_backend", [](const FusedMoE& l) { return from_enum(l.runner_backend()); })

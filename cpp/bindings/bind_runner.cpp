@@ -1,6 +1,7 @@
 // MoeRunnerConfig, MoeRunner and the registries, including Python callables registered as fused
 // funcs, permutes and runner cores (sglang's register_fused_func decorator and friends).
 #include "bind_all.h"
+#include "moecore/runner/prepared.h"
 #include "moecore/isa/isa.h"
 #include "moecore/runner/runner.h"
 #include "py_objects.h"
@@ -164,6 +165,16 @@ void bind_runner(py::module_& m) {
         }
         return from_combine_input(out);
       }, "dispatch_output"_a, "quant_info"_a, "lora_info"_a = py::none())
+      .def("prepare", [](const MoeRunner& r, py::object dispatch_output, py::object quant_info) {
+        DispatchOutputPtr d = to_dispatch_output(dispatch_output);
+        QuantInfoPtr q = to_quant_info(quant_info);
+        py::gil_scoped_release release;
+        return r.prepare(d, q);
+      }, "dispatch_output"_a, "quant_info"_a,
+      "Captures this runner's path for the dispatch output's shapes: the returned PreparedRun's "
+      "run() reads the dispatch output's arrays in place and rewrites its combine_input's arrays "
+      "— what run() would return for the arrays' contents then, bit for bit — with no "
+      "allocation. Raises Unsupported for a path that cannot be captured.")
       .def("set_overlap_args", [](MoeRunner& r, py::object down, py::object meta) {
         r.set_overlap_args(down.is_none() ? std::any() : std::any(hold(down)),
                            meta.is_none() ? std::any() : std::any(hold(meta)));

@@ -17,5 +17,6 @@ PYBIND11_MODULE(_moecore, m) {
   bind_quant_mxfp4(m);
   bind_runner(m);
   bind_layer(m);
+  bind_capture(m);
   bind_bench(m);
 }

@@ -35,6 +35,7 @@ from .dtypes import Tagged, tagged
 from . import formats
 from ._moecore import (
     BypassedTopKOutput,
+    CapturedForward,
     CombineInput,
     CuteDslFp4MoeQuantInfo,
     DeepEPLLCombineInput,
@@ -66,6 +67,7 @@ from ._moecore import (
     MoeQuantInfo,
     MoeRunner,
     MoeRunnerConfig,
+    PreparedRun,
     StandardCombineInput,
     StandardDispatchOutput,
     StandardDispatcher,
@@ -103,6 +105,8 @@ from ._moecore import (
     unregister_pre_permute,
     unregister_runner_core,
 )
+
+from .graph import MoeGraphRunner
 
 __version__ = "0.1.0"
 
@@ -168,6 +172,8 @@ __all__ = [
     "cutedsl_quant_scale_to_scalar", "resolve_cutedsl_standard_scales", "cutlass_fused_moe_mxfp4",
     # layer
     "FusedMoE", "ExpertParallelGroup",
+    # capture and replay
+    "PreparedRun", "CapturedForward", "MoeGraphRunner",
     # process-wide state
     "get_moe_a2a_backend", "get_moe_runner_backend", "get_deepep_mode", "set_moe_a2a_backend",
     "set_moe_runner_backend", "set_deepep_mode", "moe_backend_context",

@@ -71,6 +71,9 @@ class StandardDispatcher : public BaseDispatcher {
   /// Global → local id map, i32 [num_experts], applied by dispatch (undefined when dispatch does
   /// not map: ep_size 1, or a runner backend that takes global ids).
   const Tensor& local_expert_mapping() const override { return local_expert_mapping_; }
+  /// What dispatch does to topk ids [T, k] (i32/i64) when it has a map: validates them to
+  /// [-1, num_experts) and writes local ids (i32, row-major) — −1 stays −1. No allocation.
+  void map_to_local_ids(const TensorView& ids, int32_t* local) const;
   /// The ownership rule holds whether or not dispatch maps ids (weights are sliced the same way
   /// either way).
   int64_t local_expert_id(int64_t global_expert_id) const override;

@@ -99,11 +99,18 @@ DispatchOutputPtr StandardDispatcher::dispatch(const Tensor& hidden_states,
   MOECORE_CHECK_DTYPE(ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64,
                       "StandardDispatcher.dispatch: topk_ids must be int32 or int64, got ",
                       ids.describe());
-  const TensorView v = ids.view();
-  const int64_t rows = v.shape[0], cols = v.shape[1];
+  Tensor local = Tensor::empty({ids.size(0), ids.size(1)}, DType::kI32);
+  map_to_local_ids(ids.view(), local.ptr<int32_t>());
+  standard.topk_ids = local;
+  out->topk_output = standard;
+  return out;
+}
+
+void StandardDispatcher::map_to_local_ids(const TensorView& ids, int32_t* local) const {
+  const int64_t rows = ids.shape[0], cols = ids.shape[1];
   auto read = [&](int64_t t, int64_t j) -> int64_t {
-    const int64_t off = t * v.strides[0] + j * v.strides[1];
-    return v.dtype == DType::kI32 ? v.ptr<int32_t>()[off] : v.ptr<int64_t>()[off];
+    const int64_t off = t * ids.strides[0] + j * ids.strides[1];
+    return ids.dtype == DType::kI32 ? ids.ptr<int32_t>()[off] : ids.ptr<int64_t>()[off];
   };
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t j = 0; j < cols; ++j) {
@@ -111,16 +118,12 @@ DispatchOutputPtr StandardDispatcher::dispatch(const Tensor& hidden_states,
       MOECORE_CHECK_INDEX(e >= -1 && e < num_experts_, "StandardDispatcher.dispatch: topk_ids "
                           "must be in [-1, ", num_experts_, "), got ", e, " at [", t, ", ", j, "]");
     }
-  Tensor local = Tensor::empty({rows, cols}, DType::kI32);
   const int32_t* map = local_expert_mapping_.ptr<int32_t>();
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t e = read(t, j);
-      local.ptr<int32_t>()[t * cols + j] = e < 0 ? -1 : map[e];  // R14: −1 stays −1
+      local[t * cols + j] = e < 0 ? -1 : map[e];  // R14: −1 stays −1
     }
-  standard.topk_ids = local;
-  out->topk_output = standard;
-  return out;
 }
 
 Tensor StandardDispatcher::combine(const CombineInputPtr& combine_input) {

@@ -23,13 +23,14 @@ float dot_canonical(const float* a, const float* w, int64_t k) {
 
 void gemm_rows_times_wt_ref(const float* a, int64_t m, int64_t lda, const void* w, DType w_dtype,
                             int64_t ldw, int64_t n, int64_t k, float* out, int64_t ldo) {
-  thread_local std::vector<float> w_row;
   const int64_t elem = dtype_size(w_dtype);
-  if (w_dtype != DType::kF32 && static_cast<int64_t>(w_row.size()) < k) w_row.resize(k);
   for (int64_t c = 0; c < n; ++c) {
     const void* src = static_cast<const char*>(w) + c * ldw * elem;
     const float* wf = static_cast<const float*>(src);
     if (w_dtype != DType::kF32) {
+      // Only narrow weights touch this buffer: f32 calls (the kernel rows') never allocate.
+      thread_local std::vector<float> w_row;
+      if (static_cast<int64_t>(w_row.size()) < k) w_row.resize(k);
       load_f32(src, w_dtype, k, w_row.data());
       wf = w_row.data();
     }

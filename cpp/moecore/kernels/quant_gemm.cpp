@@ -1,8 +1,9 @@
 // Scalar reference of the scaled GEMM: weight rows are decoded once per output channel and
-// dotted with every activation row in the canonical order.
+// dotted with every activation row in the canonical order. Also the row table and the scratch
+// sizes of its rows (gemm_scratch_bytes); a row's working memory never depends on m.
 #include "moecore/kernels/quant_gemm.h"
 
-#include <vector>
+#include <algorithm>
 
 #include "moecore/core/error.h"
 #include "moecore/formats/e8m0.h"
@@ -97,12 +98,36 @@ void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* co
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }
 
+namespace {
+
+// The reference row's working memory: one decoded weight row and its K-block scales.
+struct RefBuffers {
+  float* codes;     // [K]
+  float* w_scales;  // [num_k_blocks]
+  RefBuffers(ScratchCarver& s, const WeightOperand& w)
+      : codes(s.take<float>(w.k)), w_scales(s.take<float>(w.num_k_blocks())) {}
+};
+
+}  // namespace
+
+size_t scaled_gemm_ref_scratch_bytes(const WeightOperand& w) {
+  ScratchCarver sizing;
+  [[maybe_unused]] const RefBuffers layout(sizing, w);
+  return sizing.bytes();
+}
+
 void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo) {
+  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_ref_scratch_bytes(w)));
+  const RefBuffers buffers(carver, w);
   const bool has_alpha = w.alpha.data != nullptr;
   if (w.coding == WeightCoding::kDense && a.scales == nullptr && !has_alpha) {
-    gemm_rows_times_wt_ref(a.codes, m, a.ld, w.data.at({e, n0, 0}), w.data.dtype, w.k, n, w.k, out,
-                           ldo);
+    // The plain GEMM, one weight row at a time widened into our own buffer.
+    for (int64_t c = 0; c < n; ++c) {
+      load_f32(w.data.at({e, n0 + c, 0}), w.data.dtype, w.k, buffers.codes);
+      gemm_rows_times_wt_ref(a.codes, m, a.ld, buffers.codes, DType::kF32, w.k, 1, w.k, out + c,
+                             ldo);
+    }
     return;
   }
   const int64_t nb = w.num_k_blocks(), kb = w.k_block();
@@ -111,25 +136,31 @@ void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w
                          ") must be 1 or the weight's K blocks (", nb, ")");
   const bool integer = a.integer && w.coding == WeightCoding::kInt8;
   const float alpha = has_alpha ? w.alpha.ptr<float>()[e * w.alpha.strides[0]] : 1.0f;
-  thread_local std::vector<float> codes, w_scales;
-  codes.resize(static_cast<size_t>(w.k));
-  w_scales.resize(static_cast<size_t>(nb));
+  const float* codes = buffers.codes;
   for (int64_t c = 0; c < n; ++c) {
-    decode_weight_row(w, e, n0 + c, codes.data(), w_scales.data());
+    decode_weight_row(w, e, n0 + c, buffers.codes, buffers.w_scales);
     for (int64_t r = 0; r < m; ++r) {
       const float* ar = a.codes + r * a.ld;
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t k0 = b * kb, len = std::min(kb, w.k - k0);
-        float part = integer ? dot_int8(ar + k0, codes.data() + k0, len)
-                             : dot_f32(ar + k0, codes.data() + k0, len);
-        if (a.scales != nullptr) part *= a.scales[r * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)];
-        part *= w_scales[b];
+        float part =
+            integer ? dot_int8(ar + k0, codes + k0, len) : dot_f32(ar + k0, codes + k0, len);
+        if (a.scales != nullptr)
+          part *= a.scales[r * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)];
+        part *= buffers.w_scales[b];
         acc = b == 0 ? part : acc + part;
       }
       out[r * ldo + c] = has_alpha ? acc * alpha : acc;
     }
   }
+}
+
+uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes) {
+  thread_local GemmScratch own;  // only for calls that bring no scratch
+  GemmScratch& scratch = a.scratch != nullptr ? *a.scratch : own;
+  if (scratch.bytes.size() < bytes) scratch.bytes.resize(bytes);
+  return scratch.bytes.data();
 }
 
 // Rows are named explicitly (a missing ISA file is a link error, not a silent gap).
@@ -144,6 +175,21 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
   if (level >= IsaLevel::kAvx512) return scaled_gemm_avx512;
 #endif
   return scaled_gemm_ref;
+}
+
+size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w) {
+#ifdef MOECORE_COMPILED_AMX
+  if (kernel == scaled_gemm_amx) return scaled_gemm_amx_scratch_bytes(w);
+#endif
+#ifdef MOECORE_COMPILED_AVX512BF16
+  if (kernel == scaled_gemm_avx512_bf16) return scaled_gemm_avx512_bf16_scratch_bytes(w);
+#endif
+#ifdef MOECORE_COMPILED_AVX512
+  if (kernel == scaled_gemm_avx512) return scaled_gemm_avx512_scratch_bytes(w);
+#endif
+  MOECORE_INTERNAL_CHECK(kernel == scaled_gemm_ref,
+                         "gemm_scratch_bytes: not a kernel row of this build");
+  return scaled_gemm_ref_scratch_bytes(w);
 }
 
 }  // namespace moecore

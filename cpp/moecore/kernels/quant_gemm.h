@@ -8,7 +8,9 @@
 // sides hold int8 codes), and the block terms are added in order b = 0, 1, …
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "moecore/core/tensor.h"
 #include "moecore/isa/isa.h"
@@ -55,6 +57,7 @@ float fp4_block_scale(WeightCoding coding, uint8_t code);
 /// Activation codes for one GEMM: rows of fp32 codes (stride ld) and per-(row, K block) scales
 /// [m, nb] (nb = the weight's num_k_blocks(), or 1 for one scale per row); scales == nullptr
 /// means all ones. integer: codes are int8 values (exact int32 dot with int8 weights).
+struct GemmScratch;
 struct ActivationCodes {
   const float* codes = nullptr;
   int64_t ld = 0;
@@ -64,7 +67,60 @@ struct ActivationCodes {
   // The codes are bf16 values by construction (bf16 activations; fp8, fp4 or int8 codes), so
   // the avx512_bf16 and amx rows may multiply them in bf16; otherwise those rows run avx512's.
   bool bf16_exact = false;
+  // The kernel row's working memory for this call (see GemmScratch); nullptr: the row uses its
+  // own thread-local memory. Rows never keep anything in it from one call to the next.
+  GemmScratch* scratch = nullptr;
 };
+
+/// Rows [r0, …) of `a` as codes of their own (same flags and scratch): a row that processes its
+/// activation rows in chunks calls itself on each chunk this way.
+inline ActivationCodes activation_rows_from(const ActivationCodes& a, int64_t r0) {
+  ActivationCodes rows = a;
+  rows.codes += r0 * a.ld;
+  if (rows.scales != nullptr) rows.scales += r0 * a.scales_per_row;
+  return rows;
+}
+
+/// Working memory of a kernel row. A caller that runs a schedule owns one per thread of it, so
+/// that a prepared run sized with gemm_scratch_bytes replays without allocating; a row given
+/// too little grows it.
+struct GemmScratch {
+  std::vector<uint8_t> bytes;
+};
+
+/// How a kernel row lays out its working memory: buffers taken in a fixed order, each on its
+/// own cache line. A row describes its layout once, as a function of the weight operand alone,
+/// and runs it twice: on a sizing carver (no memory) for gemm_scratch_bytes, and on the call's
+/// memory (gemm_scratch_memory) to carve it, so that the two can never disagree.
+class ScratchCarver {
+ public:
+  static constexpr size_t kAlign = 64;
+
+  /// Sizing only: take() returns nullptr and counts.
+  ScratchCarver() = default;
+  /// Carving `memory`, which holds at least bytes() of the same layout's sizing pass.
+  explicit ScratchCarver(uint8_t* memory)
+      : base_(memory + (kAlign - reinterpret_cast<uintptr_t>(memory) % kAlign) % kAlign) {}
+
+  /// The next buffer of `count` T (T trivial).
+  template <typename T>
+  T* take(int64_t count) {
+    used_ = (used_ + kAlign - 1) / kAlign * kAlign;
+    T* out = base_ != nullptr ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += static_cast<size_t>(count) * sizeof(T);
+    return out;
+  }
+  /// The bytes of memory the buffers taken so far need, the base's alignment slack included.
+  size_t bytes() const { return used_ + kAlign - 1; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t used_ = 0;
+};
+
+/// The working memory of one kernel-row call, at least `bytes` long: a.scratch's bytes (grown
+/// when shorter, for eager callers), or this thread's own buffer when a.scratch is nullptr.
+uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes);
 
 /// One row of the scaled-GEMM table: out[r * ldo + c] for rows r < m and weight rows
 /// [n0, n0 + n) of expert e, per the formula above.
@@ -75,20 +131,29 @@ using ScaledGemmFn = void (*)(const ActivationCodes& a, int64_t m, const WeightO
 /// call or per M: batch invariance).
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
 
+/// The GemmScratch bytes that row `kernel` (a row of this build, e.g. from scaled_gemm_kernel)
+/// needs for any call on weights `w`, whatever m and the activation flags: rows process
+/// activation rows in chunks of a fixed count, so this depends on the weight operand only.
+size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w);
+
 /// Scalar reference row; the avx512 row is bit-identical to it.
 void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo);
+size_t scaled_gemm_ref_scratch_bytes(const WeightOperand& w);
 #ifdef MOECORE_COMPILED_AVX512
 void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                         int64_t n0, int64_t n, float* out, int64_t ldo);
+size_t scaled_gemm_avx512_scratch_bytes(const WeightOperand& w);
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
 void scaled_gemm_avx512_bf16(const ActivationCodes& a, int64_t m, const WeightOperand& w,
                              int64_t e, int64_t n0, int64_t n, float* out, int64_t ldo);
+size_t scaled_gemm_avx512_bf16_scratch_bytes(const WeightOperand& w);
 #endif
 #ifdef MOECORE_COMPILED_AMX
 void scaled_gemm_amx(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo);
+size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w);
 #endif
 
 }  // namespace moecore

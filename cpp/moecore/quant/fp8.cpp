@@ -376,8 +376,9 @@ QuantInfoPtr Fp8MoEMethod::quant_info(const FusedMoE& layer) const {
   return info;
 }
 
-CombineInputPtr Fp8MoEMethod::apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) {
-  return runner_->run(dispatch_output, quant_info(layer));
+QuantInfoPtr Fp8MoEMethod::apply_quant_info(FusedMoE& layer,
+                                           const DispatchOutputPtr& dispatch_output) {
+  return quant_info(layer);
 }
 
 }  // namespace moecore

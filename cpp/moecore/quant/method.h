@@ -1,6 +1,7 @@
 // The quant-method interface (sglang FusedMoEMethodBase): create_weights registers the layer's
 // parameters, process_weights_after_loading changes layouts once, create_moe_runner resolves
-// 'auto' and builds the MoeRunner, apply builds the QuantInfo and runs the runner.
+// 'auto' and builds the MoeRunner, apply builds the QuantInfo and runs the runner (prepare_apply
+// prepares that run once, for capture).
 #pragma once
 
 #include <memory>
@@ -25,7 +26,11 @@ class FusedMoEMethod {
   /// Resolves the runner backend (config's, else the process-wide one; 'auto' per method) and
   /// builds the runner. Throws Unsupported for backends this method cannot use.
   virtual void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) = 0;
-  virtual CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) = 0;
+  /// sglang's apply: the runner on the dispatch output, with apply_quant_info's QuantInfo.
+  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output);
+  /// apply prepared once for the dispatch output's shapes (MoeRunner::prepare): the capture of
+  /// a layer's forward uses it.
+  PreparedRunPtr prepare_apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output);
   /// True when w13 is loaded as [Up, Gate] (sglang's load_up_proj_weight_first).
   virtual bool load_up_proj_weight_first() const { return false; }
   /// True when DeepGEMM runs in its UE8M0 mode (power-of-two activation scales): a DeepEP
@@ -35,6 +40,10 @@ class FusedMoEMethod {
   const std::shared_ptr<MoeRunner>& runner() const { return runner_; }
 
  protected:
+  /// The QuantInfo apply passes for this dispatch output (after checking what the method
+  /// requires of it).
+  virtual QuantInfoPtr apply_quant_info(FusedMoE& layer,
+                                        const DispatchOutputPtr& dispatch_output) = 0;
   std::shared_ptr<MoeRunner> runner_;
 };
 
@@ -50,7 +59,8 @@ class UnquantizedFusedMoEMethod : public FusedMoEMethod {
                       bool with_bias) override;
   void process_weights_after_loading(FusedMoE& layer) override;
   void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) override;
-  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) override;
+  QuantInfoPtr apply_quant_info(FusedMoE& layer,
+                                const DispatchOutputPtr& dispatch_output) override;
   /// The QuantInfo apply() would pass for this layer and backend.
   QuantInfoPtr quant_info(const FusedMoE& layer) const;
 };

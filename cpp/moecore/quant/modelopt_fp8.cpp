@@ -146,12 +146,12 @@ QuantInfoPtr ModelOptFp8MoEMethod::quant_info(const FusedMoE& layer,
   return info;
 }
 
-CombineInputPtr ModelOptFp8MoEMethod::apply(FusedMoE& layer,
-                                            const DispatchOutputPtr& dispatch_output) {
+QuantInfoPtr ModelOptFp8MoEMethod::apply_quant_info(FusedMoE& layer,
+                                                   const DispatchOutputPtr& dispatch_output) {
   std::optional<DType> out_dtype;
   if (auto* d = dynamic_cast<const StandardDispatchOutput*>(dispatch_output.get()))
     if (d->hidden_states.defined()) out_dtype = d->hidden_states.dtype();
-  return runner_->run(dispatch_output, quant_info(layer, out_dtype));
+  return quant_info(layer, out_dtype);
 }
 
 }  // namespace moecore

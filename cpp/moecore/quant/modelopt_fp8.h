@@ -31,7 +31,8 @@ class ModelOptFp8MoEMethod : public FusedMoEMethod {
                       bool with_bias) override;
   void process_weights_after_loading(FusedMoE& layer) override;
   void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) override;
-  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) override;
+  QuantInfoPtr apply_quant_info(FusedMoE& layer,
+                                const DispatchOutputPtr& dispatch_output) override;
   bool load_up_proj_weight_first() const override {
     return gated_ && backend_ == MoeRunnerBackend::FLASHINFER_CUTLASS;
   }

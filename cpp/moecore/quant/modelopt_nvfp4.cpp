@@ -413,10 +413,9 @@ QuantInfoPtr ModelOptNvFp4FusedMoEMethod::quant_info(const FusedMoE& layer) cons
   return info;
 }
 
-CombineInputPtr ModelOptNvFp4FusedMoEMethod::apply(FusedMoE& layer,
-                                                   const DispatchOutputPtr& dispatch_output) {
-  MOECORE_CHECK(runner_ != nullptr, kName, ": create_moe_runner has not run");
-  return runner_->run(dispatch_output, quant_info(layer));
+QuantInfoPtr ModelOptNvFp4FusedMoEMethod::apply_quant_info(FusedMoE& layer,
+                                                          const DispatchOutputPtr& dispatch_output) {
+  return quant_info(layer);
 }
 
 }  // namespace moecore

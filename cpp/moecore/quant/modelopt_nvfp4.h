@@ -62,7 +62,8 @@ class ModelOptNvFp4FusedMoEMethod : public FusedMoEMethod {
                       bool with_bias) override;
   void process_weights_after_loading(FusedMoE& layer) override;
   void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) override;
-  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) override;
+  QuantInfoPtr apply_quant_info(FusedMoE& layer,
+                                const DispatchOutputPtr& dispatch_output) override;
   /// [Up, Gate] for flashinfer_cutlass and CuteDSL v2 when gated (fixed at create_weights).
   bool load_up_proj_weight_first() const override { return up_first_; }
 

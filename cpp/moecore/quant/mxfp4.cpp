@@ -270,9 +270,9 @@ QuantInfoPtr Mxfp4MoEMethod::quant_info(const FusedMoE& layer) const {
   return q;
 }
 
-CombineInputPtr Mxfp4MoEMethod::apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) {
-  MOECORE_CHECK(runner_ != nullptr, name(), ": create_moe_runner has not run");
-  return runner_->run(dispatch_output, quant_info(layer));
+QuantInfoPtr Mxfp4MoEMethod::apply_quant_info(FusedMoE& layer,
+                                             const DispatchOutputPtr& dispatch_output) {
+  return quant_info(layer);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,9 +363,8 @@ QuantInfoPtr Mxfp4FlashinferCutlassMoEMethod::quant_info(const FusedMoE& layer) 
   return q;
 }
 
-CombineInputPtr Mxfp4FlashinferCutlassMoEMethod::apply(FusedMoE& layer,
-                                                       const DispatchOutputPtr& dispatch_output) {
-  MOECORE_CHECK(runner_ != nullptr, name(), ": create_moe_runner has not run");
+QuantInfoPtr Mxfp4FlashinferCutlassMoEMethod::apply_quant_info(FusedMoE& layer,
+                                                              const DispatchOutputPtr& dispatch_output) {
   // DSv4 always feeds standard top-k; sglang keeps this strict check as a contract guard.
   if (auto* d = dynamic_cast<const StandardDispatchOutput*>(dispatch_output.get())) {
     const TopKOutputFormat format = topk_output_format(d->topk_output);
@@ -373,7 +372,7 @@ CombineInputPtr Mxfp4FlashinferCutlassMoEMethod::apply(FusedMoE& layer,
                   "Unsupported topk output format: TopKOutputFormat.",
                   topk_output_format_name(format));
   }
-  return runner_->run(dispatch_output, quant_info(layer));
+  return quant_info(layer);
 }
 
 }  // namespace moecore

@@ -36,7 +36,8 @@ class Mxfp4MoEMethod : public FusedMoEMethod {
   /// auto → flashinfer_mxfp4 (moecore's only MXFP4 executor; sglang's auto picks triton_kernels,
   /// which moecore does not build); anything else → Unsupported.
   void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) override;
-  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) override;
+  QuantInfoPtr apply_quant_info(FusedMoE& layer,
+                                const DispatchOutputPtr& dispatch_output) override;
   /// The QuantInfo apply() passes (after process_weights_after_loading).
   QuantInfoPtr quant_info(const FusedMoE& layer) const;
 
@@ -78,7 +79,8 @@ class Mxfp4FlashinferCutlassMoEMethod : public FusedMoEMethod {
                       bool with_bias) override;
   void process_weights_after_loading(FusedMoE& layer) override;
   void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) override;
-  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) override;
+  QuantInfoPtr apply_quant_info(FusedMoE& layer,
+                                const DispatchOutputPtr& dispatch_output) override;
   QuantInfoPtr quant_info(const FusedMoE& layer) const;
 
  private:

@@ -89,9 +89,9 @@ QuantInfoPtr UnquantizedFusedMoEMethod::quant_info(const FusedMoE& layer) const 
   return info;
 }
 
-CombineInputPtr UnquantizedFusedMoEMethod::apply(FusedMoE& layer,
-                                                 const DispatchOutputPtr& dispatch_output) {
-  return runner_->run(dispatch_output, quant_info(layer));
+QuantInfoPtr UnquantizedFusedMoEMethod::apply_quant_info(FusedMoE& layer,
+                                                        const DispatchOutputPtr& dispatch_output) {
+  return quant_info(layer);
 }
 
 }  // namespace moecore

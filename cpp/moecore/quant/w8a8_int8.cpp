@@ -52,8 +52,9 @@ QuantInfoPtr Int8MoEMethod::quant_info(const FusedMoE& layer) const {
   return info;
 }
 
-CombineInputPtr Int8MoEMethod::apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) {
-  return runner_->run(dispatch_output, quant_info(layer));
+QuantInfoPtr Int8MoEMethod::apply_quant_info(FusedMoE& layer,
+                                            const DispatchOutputPtr& dispatch_output) {
+  return quant_info(layer);
 }
 
 }  // namespace moecore

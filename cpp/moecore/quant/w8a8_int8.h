@@ -25,7 +25,8 @@ class Int8MoEMethod : public FusedMoEMethod {
                       bool with_bias) override;
   void process_weights_after_loading(FusedMoE& layer) override;
   void create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) override;
-  CombineInputPtr apply(FusedMoE& layer, const DispatchOutputPtr& dispatch_output) override;
+  QuantInfoPtr apply_quant_info(FusedMoE& layer,
+                                const DispatchOutputPtr& dispatch_output) override;
   QuantInfoPtr quant_info(const FusedMoE& layer) const;
 
  private:

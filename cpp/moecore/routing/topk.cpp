@@ -418,4 +418,63 @@ StandardTopKOutput select_experts(const Tensor& hidden_states, const Tensor& rou
   return {weights, ids, router_logits};
 }
 
+struct PreparedRouting::State {
+  Plan plan;
+  TensorView logits;
+  float* weights = nullptr;
+  int32_t* ids = nullptr;
+  int64_t num_rows = 0;
+  std::vector<RowScratch> scratch;  // one per part of the rows
+};
+
+PreparedRouting::PreparedRouting(const TopKConfig& config, const Tensor& router_logits,
+                                 const Tensor& topk_weights, const Tensor& topk_ids)
+    : logits_(router_logits), topk_weights_(topk_weights), topk_ids_(topk_ids) {
+  if (config.custom_routing_function)
+    MOECORE_UNSUPPORTED("select_experts: a custom routing function (a Python callable) cannot "
+                        "be captured; capture with a top-k input instead");
+  check_router_logits(router_logits);
+  const int64_t T = router_logits.size(0), E = router_logits.size(1);
+  validate_topk_config(config, E);
+  const std::vector<int64_t> shape = {T, config.top_k};
+  MOECORE_CHECK(topk_weights.defined() && topk_weights.dtype() == DType::kF32 &&
+                    topk_weights.view().shape_vector() == shape &&
+                    topk_weights.view().is_contiguous(),
+                "select_experts: expected contiguous f32 topk_weights ", shape_string(shape),
+                ", got ", topk_weights.describe());
+  MOECORE_CHECK(topk_ids.defined() && topk_ids.dtype() == DType::kI32 &&
+                    topk_ids.view().shape_vector() == shape && topk_ids.view().is_contiguous(),
+                "select_experts: expected contiguous i32 topk_ids ", shape_string(shape), ", got ",
+                topk_ids.describe());
+  state_ = std::make_unique<State>();
+  state_->plan = make_plan(config, E);
+  state_->logits = router_logits.view();
+  state_->weights = topk_weights.ptr<float>();
+  state_->ids = topk_ids.ptr<int32_t>();
+  state_->num_rows = T;
+  state_->scratch.assign(static_cast<size_t>(ThreadPool::instance().num_threads()),
+                         RowScratch(state_->plan));
+}
+
+PreparedRouting::~PreparedRouting() = default;
+
+void PreparedRouting::run(int64_t num_token_non_padded) {
+  State& s = *state_;
+  MOECORE_CHECK(num_token_non_padded >= 0 && num_token_non_padded <= s.num_rows,
+                "select_experts: expected num_token_non_padded in [0, T = ", s.num_rows,
+                "], got ", num_token_non_padded);
+  check_finite_logits(s.logits, num_token_non_padded);
+  const int k = s.plan.top_k;
+  const int64_t parts = static_cast<int64_t>(s.scratch.size());
+  parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
+    for (int64_t part = first_part; part < end_part; ++part) {
+      const int64_t begin = num_token_non_padded * part / parts;
+      const int64_t end = num_token_non_padded * (part + 1) / parts;
+      for (int64_t t = begin; t < end; ++t)
+        route_row(s.plan, s.logits, t, s.scratch[part], s.weights + t * k, s.ids + t * k);
+    }
+  });
+  fill_padded_rows(num_token_non_padded, s.num_rows, k, s.weights, s.ids);
+}
+
 }  // namespace moecore

@@ -75,6 +75,23 @@ StandardTopKOutput select_experts(const Tensor& hidden_states, const Tensor& rou
                                   const TopKConfig& config,
                                   std::optional<int64_t> num_token_non_padded = std::nullopt);
 
+/// select_experts prepared once for router_logits' shape (capture): run(n) routes the current
+/// contents of router_logits into the given contiguous topk_weights f32 / topk_ids i32 [T, k]
+/// exactly as select_experts(…, num_token_non_padded = n) would, without allocating. The
+/// tensors must stay alive. Unsupported for a custom routing function.
+class PreparedRouting {
+ public:
+  PreparedRouting(const TopKConfig& config, const Tensor& router_logits,
+                  const Tensor& topk_weights, const Tensor& topk_ids);
+  ~PreparedRouting();
+  void run(int64_t num_token_non_padded);
+
+ private:
+  struct State;
+  Tensor logits_, topk_weights_, topk_ids_;  // kept alive
+  std::unique_ptr<State> state_;
+};
+
 /// Validates a config against E routed experts: top_k >= 1, num_fused_shared_experts >= 0,
 /// routed top-k (top_k - S) in [1, E]; with use_grouped_topk: num_expert_group and topk_group
 /// set, num_expert_group divides E, 1 <= topk_group <= num_expert_group, routed top-k <=

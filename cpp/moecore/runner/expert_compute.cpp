@@ -113,35 +113,68 @@ RoutedTokens check_routed_tokens(const char* api, const Tensor& x, const Standar
   return r;
 }
 
-BlockLayout align_block_size(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m) {
-  std::vector<int64_t> counts(num_experts, 0);
+StandardTopKOutput prepared_topk(const TopKOutput& topk) {
+  const TopKOutputFormat format = topk_output_format(topk);
+  if (format != TopKOutputFormat::STANDARD)
+    MOECORE_UNSUPPORTED("prepare: a ", topk_output_format_name(format),
+                        " top-k output routes when it is read, so it cannot be captured; "
+                        "capture a standard top-k output (or router logits)");
+  return to_standard(topk);
+}
+
+int64_t max_padded_slots(int64_t slots, int64_t num_experts, int64_t block_m) {
+  // Each expert pads fewer than block_m entries, and at most `slots` experts hold any.
+  return slots + std::min(slots, num_experts) * (block_m - 1);
+}
+
+namespace {
+// start[e] = first entry of expert e in the padded layout (start[E] = the total).
+int64_t block_starts(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m,
+                     int64_t* start) {
+  std::fill(start, start + num_experts + 1, 0);
   for (int64_t t = 0; t < tokens.num_tokens; ++t)
     for (int64_t j = 0; j < tokens.top_k; ++j) {
       const int32_t e = tokens.id(t, j);
-      if (e >= 0) ++counts[e];
+      if (e >= 0) ++start[e + 1];
     }
-  std::vector<int64_t> start(num_experts + 1, 0);
   for (int64_t e = 0; e < num_experts; ++e)
-    start[e + 1] = start[e] + (counts[e] + block_m - 1) / block_m * block_m;
-  BlockLayout layout;
-  layout.block_m = block_m;
-  layout.num_tokens_post_padded = start[num_experts];
-  layout.sorted_token_ids = Tensor::empty({layout.num_tokens_post_padded}, DType::kI32);
-  layout.expert_ids = Tensor::empty({layout.num_tokens_post_padded / block_m}, DType::kI32);
-  int32_t* sorted = layout.sorted_token_ids.ptr<int32_t>();
-  int32_t* experts = layout.expert_ids.ptr<int32_t>();
-  std::fill(sorted, sorted + layout.num_tokens_post_padded,
-            static_cast<int32_t>(tokens.num_tokens * tokens.top_k));
-  std::vector<int64_t> cursor(start.begin(), start.end() - 1);
-  for (int64_t t = 0; t < tokens.num_tokens; ++t)
-    for (int64_t j = 0; j < tokens.top_k; ++j) {
-      const int32_t e = tokens.id(t, j);
-      if (e >= 0) sorted[cursor[e]++] = static_cast<int32_t>(t * tokens.top_k + j);
-    }
+    start[e + 1] = start[e] + (start[e + 1] + block_m - 1) / block_m * block_m;
+  return start[num_experts];
+}
+
+// Fills the layout whose starts block_starts computed (start[] is used as the cursor).
+void fill_block_layout(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m,
+                       int64_t* start, int32_t* sorted, int32_t* experts) {
+  const int64_t total = start[num_experts];
+  std::fill(sorted, sorted + total, static_cast<int32_t>(tokens.num_tokens * tokens.top_k));
   for (int64_t e = 0; e < num_experts; ++e)
     for (int64_t b = start[e] / block_m; b < start[e + 1] / block_m; ++b)
       experts[b] = static_cast<int32_t>(e);
+  for (int64_t t = 0; t < tokens.num_tokens; ++t)
+    for (int64_t j = 0; j < tokens.top_k; ++j) {
+      const int32_t e = tokens.id(t, j);
+      if (e >= 0) sorted[start[e]++] = static_cast<int32_t>(t * tokens.top_k + j);
+    }
+}
+}  // namespace
+
+BlockLayout align_block_size(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m) {
+  std::vector<int64_t> start(static_cast<size_t>(num_experts + 1));
+  BlockLayout layout;
+  layout.block_m = block_m;
+  layout.num_tokens_post_padded = block_starts(tokens, num_experts, block_m, start.data());
+  layout.sorted_token_ids = Tensor::empty({layout.num_tokens_post_padded}, DType::kI32);
+  layout.expert_ids = Tensor::empty({layout.num_tokens_post_padded / block_m}, DType::kI32);
+  fill_block_layout(tokens, num_experts, block_m, start.data(),
+                    layout.sorted_token_ids.ptr<int32_t>(), layout.expert_ids.ptr<int32_t>());
   return layout;
+}
+
+int64_t align_block_size_into(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m,
+                              int32_t* sorted_token_ids, int32_t* expert_ids, int64_t* start) {
+  const int64_t total = block_starts(tokens, num_experts, block_m, start);
+  fill_block_layout(tokens, num_experts, block_m, start, sorted_token_ids, expert_ids);
+  return total;
 }
 
 int64_t block_slots(const int32_t* sorted_token_ids, int64_t block, int64_t block_m,
@@ -271,6 +304,12 @@ void ExpertRowMap::sorted_rows(const int64_t* counts, int64_t num_experts) {
   scale.clear();
 }
 
+void ExpertRowMap::reserve(int64_t max_rows, int64_t num_experts) {
+  offsets.reserve(static_cast<size_t>(num_experts + 1));
+  for (auto* v : {&source, &dest}) v->reserve(static_cast<size_t>(max_rows));
+  scale.reserve(static_cast<size_t>(max_rows));
+}
+
 namespace {
 
 // Weight bytes of one column block: small enough to stay in L2 while every row of its expert
@@ -330,17 +369,20 @@ void plan_items(const ExpertRowMap& rows, const WeightOperand& w, int parts,
 void run_items(const ExpertMlp& mlp, const ExpertGemm& g, const ActivationCodes& in,
                const ExpertRowMap& rows, const std::vector<ExpertWorkspace::Item>& items,
                const std::vector<int64_t>& part_begin, std::vector<float>& bias_scratch,
-               bool scale, float* result, const TensorView* store) {
+               std::vector<GemmScratch>& scratch, bool scale, float* result,
+               const TensorView* store) {
   const int64_t n = g.weight.n;
   const bool has_bias = g.bias.data != nullptr;
   const int64_t parts = static_cast<int64_t>(part_begin.size()) - 1;
   float* bias_rows = grown(bias_scratch, parts * n);
+  if (static_cast<int64_t>(scratch.size()) < parts) scratch.resize(static_cast<size_t>(parts));
   parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
     for (int64_t p = first_part; p < end_part; ++p)
       for (int64_t i = part_begin[p]; i < part_begin[p + 1]; ++i) {
         const auto [e, c0, cols] = items[i];
         const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
         ActivationCodes a = in;
+        a.scratch = &scratch[p];
         a.codes += r0 * in.ld;
         if (a.scales != nullptr) a.scales += r0 * a.scales_per_row;
         float* block = result + r0 * n + c0;
@@ -382,7 +424,33 @@ ActivationCodes quantized_input(const ExpertGemm& g, float* rows, int64_t count,
 
 int schedule_parts() { return ThreadPool::instance().num_threads(); }
 
+// The most work items plan_items can make for a GEMM over num_experts experts.
+int64_t max_items(const WeightOperand& w) {
+  return w.num_experts * ceil_div(w.n, kColumnAlign);
+}
+
 }  // namespace
+
+void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
+  const int64_t parts = schedule_parts();
+  const WeightOperand& w1 = mlp.gemm1.weight;
+  const WeightOperand& w2 = mlp.gemm2.weight;
+  rows.reserve(max_rows, w1.num_experts);
+  grown(a_, max_rows * mlp.hidden);
+  grown(h1_, max_rows * w1.n);
+  grown(h2_, max_rows * mlp.inter);
+  grown(y_, max_rows * mlp.hidden);
+  grown(scales1_, max_rows * mlp.gemm1.scales_per_row);
+  grown(scales2_, max_rows * mlp.gemm2.scales_per_row);
+  grown(bias_, parts * std::max(w1.n, w2.n));
+  items_.reserve(static_cast<size_t>(std::max(max_items(w1), max_items(w2))));
+  part_begin_.reserve(static_cast<size_t>(parts + 1));
+  if (static_cast<int64_t>(scratch_.size()) < parts) scratch_.resize(static_cast<size_t>(parts));
+  const size_t bytes =
+      std::max(gemm_scratch_bytes(mlp.gemm, w1), gemm_scratch_bytes(mlp.gemm, w2));
+  for (GemmScratch& s : scratch_)
+    if (s.bytes.size() < bytes) s.bytes.resize(bytes);
+}
 
 void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
                         RowScaleAt scale_at) {
@@ -396,7 +464,7 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
   });
   const ActivationCodes in = quantized_input(mlp.gemm1, a, count, ws.scales1_);
   plan_items(rows, mlp.gemm1.weight, schedule_parts(), ws.items_, ws.part_begin_);
-  run_items(mlp, mlp.gemm1, in, rows, ws.items_, ws.part_begin_, ws.bias_,
+  run_items(mlp, mlp.gemm1, in, rows, ws.items_, ws.part_begin_, ws.bias_, ws.scratch_,
             scale_at == RowScaleAt::kGemm1, h1, nullptr);
   ActivationSpec rounded = mlp.activation;
   rounded.round_dtype = mlp.act_dtype;
@@ -414,7 +482,7 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
   float* y = grown(ws.y_, count * mlp.hidden);
   const ActivationCodes in = quantized_input(mlp.gemm2, ws.h2_.data(), count, ws.scales2_);
   plan_items(rows, mlp.gemm2.weight, schedule_parts(), ws.items_, ws.part_begin_);
-  run_items(mlp, mlp.gemm2, in, rows, ws.items_, ws.part_begin_, ws.bias_,
+  run_items(mlp, mlp.gemm2, in, rows, ws.items_, ws.part_begin_, ws.bias_, ws.scratch_,
             scale_at == RowScaleAt::kGemm2, y, &out);
 }
 
@@ -423,6 +491,10 @@ void run_expert_mlp(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
   expert_gemm1_phase(mlp, ws, load, scale_at);
   expert_gemm2_phase(mlp, ws, scale_at, out);
 }
+
+namespace {
+constexpr int64_t kCombineChunk = 512;  // hidden elements per stack chunk of the combine
+}  // namespace
 
 TensorView slot_rows(const TensorView& slots) {
   MOECORE_INTERNAL_CHECK(slots.ndim == 3 && slots.is_contiguous(),
@@ -440,33 +512,38 @@ void combine_topk(const RoutedTokens& tokens, const TensorView& slot_out, bool w
                   const TensorView& out) {
   const int64_t hidden = out.shape[1];
   parallel_for(tokens.num_tokens, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(hidden), row(hidden);
-    for (int64_t t = begin; t < end; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < tokens.top_k; ++j) {
-        if (tokens.id(t, j) < 0) continue;
-        load_f32(slot_out.at({t, j, 0}), slot_out.dtype, hidden, row.data());
-        const float w = weighted ? tokens.weight(t, j) : 1.0f;
-        for (int64_t h = 0; h < hidden; ++h) acc[h] += weighted ? row[h] * w : row[h];
+    float acc[kCombineChunk], row[kCombineChunk];  // each element's sum is independent
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h0 = 0; h0 < hidden; h0 += kCombineChunk) {
+        const int64_t width = std::min(kCombineChunk, hidden - h0);
+        std::fill(acc, acc + width, 0.0f);
+        for (int64_t j = 0; j < tokens.top_k; ++j) {
+          if (tokens.id(t, j) < 0) continue;
+          load_f32(slot_out.at({t, j, h0}), slot_out.dtype, width, row);
+          const float w = weighted ? tokens.weight(t, j) : 1.0f;
+          for (int64_t h = 0; h < width; ++h) acc[h] += weighted ? row[h] * w : row[h];
+        }
+        for (int64_t h = 0; h < width; ++h) acc[h] *= rsf;
+        store_f32(acc, width, out.dtype, out.at({t, h0}));
       }
-      for (int64_t h = 0; h < hidden; ++h) acc[h] *= rsf;
-      store_f32(acc.data(), hidden, out.dtype, out.at({t, 0}));
-    }
   });
 }
 
 void weight_slots(const RoutedTokens& tokens, const TensorView& slot_out) {
   const int64_t hidden = slot_out.shape[2];
   parallel_for(tokens.num_tokens, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(hidden);
+    float row[kCombineChunk];
     for (int64_t t = begin; t < end; ++t)
       for (int64_t j = 0; j < tokens.top_k; ++j) {
         if (tokens.id(t, j) < 0) continue;
-        void* slot = slot_out.at({t, j, 0});
-        load_f32(slot, slot_out.dtype, hidden, row.data());
         const float w = tokens.weight(t, j);
-        for (float& v : row) v *= w;
-        store_f32(row.data(), hidden, slot_out.dtype, slot);
+        for (int64_t h0 = 0; h0 < hidden; h0 += kCombineChunk) {
+          const int64_t width = std::min(kCombineChunk, hidden - h0);
+          void* slot = slot_out.at({t, j, h0});
+          load_f32(slot, slot_out.dtype, width, row);
+          for (int64_t h = 0; h < width; ++h) row[h] *= w;
+          store_f32(row, width, slot_out.dtype, slot);
+        }
       }
   });
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moecore/core/tensor.h"
+#include "moecore/dispatch/types.h"
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/routing/topk.h"
@@ -37,6 +38,10 @@ struct RoutedTokens {
 RoutedTokens check_routed_tokens(const char* api, const Tensor& x, const StandardTopKOutput& topk,
                                  const ExpertWeights& weights);
 
+/// The standard top-k output a prepared run reads in place; Unsupported for a bypassed one
+/// (its routing would run once, at prepare, instead of on every run).
+StandardTopKOutput prepared_topk(const TopKOutput& topk);
+
 /// sglang moe_align_block_size: for each expert in order, its (token, slot) indices t·k + j in
 /// increasing order, padded to a multiple of block_m with the sentinel T·k. Ids −1 are left out.
 struct BlockLayout {
@@ -46,6 +51,12 @@ struct BlockLayout {
   int64_t block_m = 0;
 };
 BlockLayout align_block_size(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m);
+/// The same layout into caller buffers: sorted_token_ids needs max_padded_slots(T·k, E, block_m)
+/// entries, expert_ids that / block_m, start E + 1 (scratch). Returns num_tokens_post_padded.
+int64_t align_block_size_into(const RoutedTokens& tokens, int64_t num_experts, int64_t block_m,
+                              int32_t* sorted_token_ids, int32_t* expert_ids, int64_t* start);
+/// The largest num_tokens_post_padded of `slots` (token, slot) pairs over num_experts experts.
+int64_t max_padded_slots(int64_t slots, int64_t num_experts, int64_t block_m);
 
 /// The valid slot indices t·k + j of block `block` of that layout, in order (entries at or past
 /// `sentinel` are padding); returns how many were written to `slots` (at most block_m).
@@ -107,6 +118,8 @@ struct ExpertRowMap {
                          int64_t num_experts, bool with_scale);
   /// Rows already sorted by expert, counts[e] of expert e: source = dest = the row.
   void sorted_rows(const int64_t* counts, int64_t num_experts);
+  /// Capacity for calls of up to max_rows rows over num_experts experts (no later allocation).
+  void reserve(int64_t max_rows, int64_t num_experts);
 
  private:
   // dest holds slots t·k + j: source = t, scale = w[t, j] when with_scale.
@@ -143,6 +156,10 @@ class ExpertWorkspace {
   std::mutex mutex;  // held by the caller for a whole call (rows, then the schedule)
   ExpertRowMap rows;
 
+  /// Grows every buffer for calls of `mlp` with up to max_rows rows on the thread pool's current
+  /// thread count, so that such calls allocate nothing (a prepared run calls this once).
+  void reserve(const ExpertMlp& mlp, int64_t max_rows);
+
  private:
   friend void expert_gemm1_phase(const ExpertMlp&, ExpertWorkspace&, SourceRowFn, RowScaleAt);
   friend void expert_gemm2_phase(const ExpertMlp&, ExpertWorkspace&, RowScaleAt,
@@ -151,6 +168,7 @@ class ExpertWorkspace {
   std::vector<float> a_, scales1_, h1_, h2_, scales2_, y_, bias_;
   std::vector<Item> items_;
   std::vector<int64_t> part_begin_;
+  std::vector<GemmScratch> scratch_;  // one per schedule part
 };
 
 /// The static schedule of the expert MLP over ws.rows (DESIGN.md §4): every expert's weights are

@@ -1,10 +1,15 @@
-// The 8-bit activation-quantizer plumbing and scale checks (see quant_compute.h). Every rule is a
-// formats row kernel (moecore/formats/quantize.h); this file only picks it per ActQuant.
+// The 8-bit activation-quantizer plumbing and scale checks (see quant_compute.h). Every rule is
+// formats arithmetic (moecore/formats/quantize.h): quantize_activation runs its whole-row kernel;
+// the in-place callback runs the same rule as the two steps quantize.h documents (scale from the
+// whole row or group, then the elementwise encode) so that codes pass through a bounded stack
+// buffer: no allocation per call, and the tests hold the two paths bitwise equal.
 #include "moecore/runner/quant_compute.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -41,6 +46,108 @@ void quantize_row(ActQuant rule, const float* row, int64_t k, float static_scale
       return;
   }
 }
+
+bool is_group_rule(ActQuant rule) {
+  return rule == ActQuant::kFp8PerTokenGroup || rule == ActQuant::kFp8SiluPostGroup;
+}
+
+// Codes pass through a stack buffer of this many bytes, kCodeChunk values at a time.
+constexpr int64_t kCodeChunk = 512;
+
+// The elementwise step of a rule over values that share one scale (a segment).
+struct SegmentEncoder {
+  ActQuant rule;
+  // kFp8Static / kFp8PerTensorDynamic: the scale; kFp8PerToken: the multiplier (1/s, 0 when s is
+  // 0); group rules: the scale s (a divisor); kInt8PerToken: a = max(amax, eps).
+  float value;
+
+  void encode(const float* x, int64_t n, uint8_t* q) const {
+    switch (rule) {
+      case ActQuant::kFp8Static:
+      case ActQuant::kFp8PerTensorDynamic:
+        return fp8_quantize_row_static(x, n, value, q);
+      case ActQuant::kFp8PerToken:
+        return fp8_quantize_row_mul(x, n, value, q);
+      case ActQuant::kFp8PerTokenGroup:
+      case ActQuant::kFp8SiluPostGroup:
+        return fp8_quantize_row_div(x, n, value, q);
+      case ActQuant::kInt8PerToken:
+        return int8_quantize_row(x, n, value, reinterpret_cast<int8_t*>(q));
+      case ActQuant::kNone:
+        return;
+    }
+  }
+
+  // x[0, n) replaced by their codes' fp32 values, kCodeChunk at a time.
+  void encode_in_place(float* x, int64_t n) const {
+    uint8_t q[kCodeChunk];
+    const float* table = fp8_e4m3_table();
+    for (int64_t i0 = 0; i0 < n; i0 += kCodeChunk) {
+      const int64_t len = std::min(kCodeChunk, n - i0);
+      encode(x + i0, len, q);
+      if (rule == ActQuant::kInt8PerToken)
+        for (int64_t i = 0; i < len; ++i) x[i0 + i] = static_cast<float>(static_cast<int8_t>(q[i]));
+      else
+        for (int64_t i = 0; i < len; ++i) x[i0 + i] = table[q[i]];
+    }
+  }
+};
+
+// make_act_quantizer's callback: the rule's parameters packed into 16 trivially copyable bytes,
+// which std::function stores inline (no heap allocation when it is made or copied).
+struct InPlaceQuantizer {
+  float static_scale;
+  int32_t group;
+  ActQuant rule;
+  bool ue8m0;
+
+  void operator()(float* rows, int64_t m, int64_t k, int64_t ld, float* scales) const {
+    const int64_t per_row = act_scales_per_row(rule, k, group);
+    for (int64_t r = 0; r < m; ++r) quantize_row_in_place(rows + r * ld, k, scales + r * per_row);
+  }
+
+  // Segments are the whole row, or each group of the group rules; each one's scale reads all of
+  // its values before any is overwritten.
+  void quantize_row_in_place(float* row, int64_t k, float* scales) const {
+    const int64_t segment = is_group_rule(rule) ? group : k;
+    for (int64_t b = 0, k0 = 0; k0 < k; ++b, k0 += segment) {
+      const int64_t n = std::min(segment, k - k0);
+      scale_step(row + k0, n, scales + b).encode_in_place(row + k0, n);
+    }
+  }
+
+  // The first step of the formats rule (which quantize_row runs whole): the scale of one segment,
+  // written to *scale, and the encoder of the segment's values.
+  SegmentEncoder scale_step(const float* x, int64_t n, float* scale) const {
+    switch (rule) {
+      case ActQuant::kFp8Static:
+      case ActQuant::kFp8PerTensorDynamic:
+        *scale = static_scale;
+        return {rule, static_scale};
+      case ActQuant::kFp8PerToken: {  // fp8_quantize_row_per_token, eps 0
+        const float s = fp8_dynamic_scale(amax_row(x, n), 0.0f);
+        *scale = s;
+        return {rule, s == 0.0f ? 0.0f : 1.0f / s};
+      }
+      case ActQuant::kFp8PerTokenGroup:
+      case ActQuant::kFp8SiluPostGroup: {  // fp8_quantize_group_row
+        const float s = fp8_group_scale(amax_row(x, n), kActQuantEps, ue8m0, fp8_group_rule(rule));
+        *scale = s;
+        return {rule, s};
+      }
+      case ActQuant::kInt8PerToken: {  // int8_quantize_row_per_token
+        const float a = std::fmax(amax_row(x, n), kActQuantEps);
+        *scale = a / 127.0f;
+        return {rule, a};
+      }
+      case ActQuant::kNone:
+        break;
+    }
+    return {ActQuant::kNone, 0.0f};
+  }
+};
+static_assert(std::is_trivially_copyable_v<InPlaceQuantizer> && sizeof(InPlaceQuantizer) <= 16,
+              "std::function must store the quantizer inline");
 
 // Offset (in elements) of the flat index i of a strided view, row-major order.
 int64_t strided_offset(const TensorView& v, int64_t i) {
@@ -101,29 +208,16 @@ Fp8GroupRule fp8_group_rule(ActQuant rule) {
 }
 
 int64_t act_scales_per_row(ActQuant rule, int64_t k, int64_t group) {
-  if (rule == ActQuant::kFp8PerTokenGroup || rule == ActQuant::kFp8SiluPostGroup)
-    return (k + group - 1) / group;
-  return 1;
+  return is_group_rule(rule) ? (k + group - 1) / group : 1;
 }
 
 ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale, int64_t group,
                                        bool ue8m0) {
   if (rule == ActQuant::kNone) return {};
-  return [rule, static_scale, group, ue8m0](float* rows, int64_t m, int64_t k, int64_t ld,
-                                            float* scales) {
-    thread_local std::vector<uint8_t> q;
-    q.resize(static_cast<size_t>(k));
-    const int64_t per_row = act_scales_per_row(rule, k, group);
-    const float* table = fp8_e4m3_table();
-    for (int64_t r = 0; r < m; ++r) {
-      float* row = rows + r * ld;
-      quantize_row(rule, row, k, static_scale, group, ue8m0, q.data(), scales + r * per_row);
-      if (rule == ActQuant::kInt8PerToken)
-        for (int64_t i = 0; i < k; ++i) row[i] = static_cast<float>(static_cast<int8_t>(q[i]));
-      else
-        for (int64_t i = 0; i < k; ++i) row[i] = table[q[i]];
-    }
-  };
+  MOECORE_INTERNAL_CHECK(
+      !is_group_rule(rule) || (group > 0 && group <= std::numeric_limits<int32_t>::max()),
+      "make_act_quantizer: group ", group, " out of range");
+  return InPlaceQuantizer{static_scale, static_cast<int32_t>(group), rule, ue8m0};
 }
 
 ActQuantResult quantize_activation(const TensorView& x, ActQuant rule, float scale, int64_t group,
@@ -135,7 +229,7 @@ ActQuantResult quantize_activation(const TensorView& x, ActQuant rule, float sca
                 ": expected x [rows, K] with contiguous rows, got ", x.describe());
   MOECORE_CHECK(rule != ActQuant::kNone, api, ": rule 'none' quantizes nothing");
   const int64_t rows = x.shape[0], k = x.shape[1];
-  const bool grouped = rule == ActQuant::kFp8PerTokenGroup || rule == ActQuant::kFp8SiluPostGroup;
+  const bool grouped = is_group_rule(rule);
   if (grouped)
     MOECORE_CHECK(group > 0 && k % group == 0, api, ": expected K divisible by group_size=", group,
                   ", got K=", k);

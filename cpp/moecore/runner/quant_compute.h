@@ -1,7 +1,7 @@
 // The activation-quantizer plumbing of the 8-bit MoE paths (triton, deep_gemm): which sglang rule
 // quantizes a GEMM input (ActQuant), the ActivationQuantizer callback and a validated tensor-level
 // entry point over it, plus the scale checks of those backends. The rules themselves live once in
-// moecore/formats/quantize.h (row kernels); nothing here does quantization arithmetic of its own.
+// moecore/formats/quantize.h (row kernels, and the scale and encode steps it documents for each).
 // Rows are quantized one at a time (batch invariance); only the per-tensor dynamic scale looks at
 // a whole batch, and the caller computes it.
 #pragma once
@@ -48,7 +48,9 @@ inline float fp8_quant_group(const float* x, int64_t n, bool ue8m0, ActQuant rul
 /// of fp32 values in place to decoded codes (fp32 values of E4M3/INT8) and writes scales
 /// [m, scales_per_row]. `static_scale` is the per-tensor scale for kFp8Static and for
 /// kFp8PerTensorDynamic (computed over the batch by the caller). group: K block for the group
-/// rules. Returns an empty callback for kNone.
+/// rules. Returns an empty callback for kNone. Allocates nothing when called, made or copied (the
+/// callback fits std::function's inline storage; codes pass through a stack buffer), and gives
+/// the bits of quantize_activation.
 ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale = 0.0f, int64_t group = 0,
                                        bool ue8m0 = false);
 /// Scales per row that make_act_quantizer writes for a K of `k`: ⌈k/group⌉ for group rules, 1

@@ -12,6 +12,7 @@ struct Registries {
   std::map<PreKey, Registered<PrePermuteFn>> pre;
   std::map<PostKey, Registered<PostPermuteFn>> post;
   std::map<MoeRunnerBackend, Registered<CoreFactory>> cores;
+  std::map<PreKey, Registered<PrepareFn>> prepared;
   std::vector<std::string> errors;
 };
 
@@ -87,6 +88,17 @@ void register_runner_core(MoeRunnerBackend runner, CoreFactory factory, std::str
   r.cores[runner] = {std::move(factory), std::move(origin)};
 }
 
+void register_prepared_run(DispatchOutputFormat format, MoeRunnerBackend runner, PrepareFn fn,
+                           std::string origin) {
+  MOECORE_CHECK(static_cast<bool>(fn), "register_prepared_run: expected a callable");
+  Registries& r = registries();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.prepared.count({format, runner}))
+    MOECORE_THROW(InvalidArgument, "Prepared run for ", to_string(format), " to ",
+                  to_string(runner), " is already registered.");
+  r.prepared[{format, runner}] = {std::move(fn), std::move(origin)};
+}
+
 std::optional<FusedFunc> find_fused_func(MoeA2ABackend a2a, MoeRunnerBackend runner) {
   return find_in(registries().fused, FusedKey{a2a, runner});
 }
@@ -98,6 +110,9 @@ std::optional<PostPermuteFn> find_post_permute(MoeRunnerBackend runner, CombineI
 }
 std::optional<CoreFactory> find_runner_core(MoeRunnerBackend runner) {
   return find_in(registries().cores, runner);
+}
+std::optional<PrepareFn> find_prepared_run(DispatchOutputFormat format, MoeRunnerBackend runner) {
+  return find_in(registries().prepared, PreKey{format, runner});
 }
 
 bool unregister_fused_func(MoeA2ABackend a2a, MoeRunnerBackend runner) {
@@ -113,6 +128,9 @@ bool unregister_post_permute(MoeRunnerBackend runner, CombineInputFormat format)
 bool unregister_runner_core(MoeRunnerBackend runner) {
   return erase_from(registries().cores, runner);
 }
+bool unregister_prepared_run(DispatchOutputFormat format, MoeRunnerBackend runner) {
+  return erase_from(registries().prepared, PreKey{format, runner});
+}
 
 std::vector<std::pair<FusedKey, std::string>> registered_fused_funcs() {
   return list(registries().fused);
@@ -125,6 +143,9 @@ std::vector<std::pair<PostKey, std::string>> registered_post_permutes() {
 }
 std::vector<std::pair<MoeRunnerBackend, std::string>> registered_runner_cores() {
   return list(registries().cores);
+}
+std::vector<std::pair<PreKey, std::string>> registered_prepared_runs() {
+  return list(registries().prepared);
 }
 
 const std::vector<std::string>& registration_errors() { return registries().errors; }

@@ -1,6 +1,7 @@
-// The four registries of MoeRunner (sglang FusedOpPool and PermuteMethodPool, DESIGN.md §4):
-// fused funcs by (a2a, runner), pre-permutes by (dispatch format, runner), post-permutes by
-// (runner, dispatch format) and runner-core factories by runner. Duplicates are rejected with
+// The registries of MoeRunner (sglang FusedOpPool and PermuteMethodPool, DESIGN.md §4): fused
+// funcs by (a2a, runner), pre-permutes by (dispatch format, runner), post-permutes by (runner,
+// dispatch format), runner-core factories by runner — and moecore's fifth, prepared runs (the
+// capturable form of a path, prepared.h) by (dispatch format, runner). Duplicates are rejected with
 // sglang's messages; a backend file registers its own entries with the macros below.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "moecore/runner/io.h"
+#include "moecore/runner/prepared.h"
 
 namespace moecore {
 
@@ -44,24 +46,29 @@ void register_pre_permute(DispatchOutputFormat format, MoeRunnerBackend runner, 
 void register_post_permute(MoeRunnerBackend runner, CombineInputFormat format, PostPermuteFn fn,
                            std::string origin);
 void register_runner_core(MoeRunnerBackend runner, CoreFactory factory, std::string origin);
+void register_prepared_run(DispatchOutputFormat format, MoeRunnerBackend runner, PrepareFn fn,
+                           std::string origin);
 
 // Lookup: nullopt when absent.
 std::optional<FusedFunc> find_fused_func(MoeA2ABackend a2a, MoeRunnerBackend runner);
 std::optional<PrePermuteFn> find_pre_permute(DispatchOutputFormat format, MoeRunnerBackend runner);
 std::optional<PostPermuteFn> find_post_permute(MoeRunnerBackend runner, CombineInputFormat format);
 std::optional<CoreFactory> find_runner_core(MoeRunnerBackend runner);
+std::optional<PrepareFn> find_prepared_run(DispatchOutputFormat format, MoeRunnerBackend runner);
 
 /// Removes an entry (test harnesses that registered Python callables clean up with these).
 bool unregister_fused_func(MoeA2ABackend a2a, MoeRunnerBackend runner);
 bool unregister_pre_permute(DispatchOutputFormat format, MoeRunnerBackend runner);
 bool unregister_post_permute(MoeRunnerBackend runner, CombineInputFormat format);
 bool unregister_runner_core(MoeRunnerBackend runner);
+bool unregister_prepared_run(DispatchOutputFormat format, MoeRunnerBackend runner);
 
 /// Introspection: every key with its origin, sorted by key.
 std::vector<std::pair<FusedKey, std::string>> registered_fused_funcs();
 std::vector<std::pair<PreKey, std::string>> registered_pre_permutes();
 std::vector<std::pair<PostKey, std::string>> registered_post_permutes();
 std::vector<std::pair<MoeRunnerBackend, std::string>> registered_runner_cores();
+std::vector<std::pair<PreKey, std::string>> registered_prepared_runs();
 
 /// Errors thrown by static registrars (which must not throw out of static initialisation);
 /// empty in a correct build, and a test asserts so.
@@ -109,3 +116,9 @@ StaticRegistrar::StaticRegistrar(F&& register_now) {
 #define MOECORE_REGISTER_RUNNER_CORE(RUNNER, factory)                                         \
   MOECORE_REGISTRAR(::moecore::register_runner_core(::moecore::MoeRunnerBackend::RUNNER,     \
                                                     factory, ::moecore::detail::source_origin(__FILE__)))
+/// At namespace scope in a backend file: registers the prepared (capturable) form of the path
+/// that runs RUNNER on dispatch FORMAT.
+#define MOECORE_REGISTER_PREPARED_RUN(FORMAT, RUNNER, fn)                                        \
+  MOECORE_REGISTRAR(::moecore::register_prepared_run(::moecore::DispatchOutputFormat::FORMAT,   \
+                                                     ::moecore::MoeRunnerBackend::RUNNER, fn, \
+                                                     ::moecore::detail::source_origin(__FILE__)))

@@ -19,6 +19,24 @@ std::string executable_backends() {
   return out;
 }
 
+bool from_python(const std::string& origin) { return origin.rfind("python:", 0) == 0; }
+
+/// The first Python-registered callable among those a runner resolved, described; "" if none.
+std::string python_callable(MoeA2ABackend a2a, MoeRunnerBackend runner, bool fused, bool core) {
+  if (fused)
+    for (const auto& [key, origin] : registered_fused_funcs())
+      if (key == FusedKey{a2a, runner} && from_python(origin))
+        return "the fused func " + origin;
+  if (!core) return "";
+  for (const auto& [key, origin] : registered_runner_cores())
+    if (key == runner && from_python(origin)) return "the runner core " + origin;
+  for (const auto& [key, origin] : registered_pre_permutes())
+    if (key.second == runner && from_python(origin)) return "the pre-permute " + origin;
+  for (const auto& [key, origin] : registered_post_permutes())
+    if (key.first == runner && from_python(origin)) return "the post-permute " + origin;
+  return "";
+}
+
 }  // namespace
 
 MoeRunner::MoeRunner(MoeRunnerBackend runner_backend, MoeRunnerConfig config,
@@ -65,6 +83,33 @@ MoeRunner::MoeRunner(MoeRunnerBackend runner_backend, MoeRunnerConfig config,
       if (auto post = find_post_permute(runner_backend_, format)) post_permutes_[i] = *post;
     }
   }
+  for (DispatchOutputFormat format : enum_members<DispatchOutputFormat>())
+    if (auto prepare = find_prepared_run(format, runner_backend_))
+      prepares_[static_cast<size_t>(format)] = *prepare;
+  python_callable_ = python_callable(a2a_backend_, runner_backend_, static_cast<bool>(fused_func_),
+                                     !fused_func_);
+}
+
+PreparedRunPtr MoeRunner::prepare(const DispatchOutputPtr& dispatch_output,
+                                  const QuantInfoPtr& quant_info) const {
+  MOECORE_CHECK(dispatch_output != nullptr,
+                "MoeRunner.prepare: expected a dispatch output, got None");
+  MOECORE_CHECK(quant_info != nullptr, "MoeRunner.prepare: expected a quant info, got None");
+  const DispatchOutputFormat format = dispatch_output->format();
+  if (!python_callable_.empty())
+    MOECORE_UNSUPPORTED("MoeRunner.prepare: the ", to_string(a2a_backend_), " → ",
+                        to_string(runner_backend_), " path runs ", python_callable_,
+                        ", which moecore cannot capture; unregister it to capture this path");
+  const PrepareFn& prepare = prepares_[static_cast<size_t>(format)];
+  if (!prepare)
+    MOECORE_UNSUPPORTED("MoeRunner.prepare: no prepared run is registered for dispatch format ",
+                        to_string(format), " on runner ", to_string(runner_backend_),
+                        ", so this path cannot be captured");
+  PreparedRunPtr prepared = prepare(dispatch_output, quant_info, config_);
+  MOECORE_INTERNAL_CHECK(prepared != nullptr && prepared->combine_input() != nullptr,
+                         "the prepared run for ", to_string(format), " to ",
+                         to_string(runner_backend_), " returned no combine input");
+  return prepared;
 }
 
 CombineInputPtr MoeRunner::run(const DispatchOutputPtr& dispatch_output,

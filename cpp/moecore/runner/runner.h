@@ -7,6 +7,7 @@
 #include <array>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "moecore/runner/registry.h"
 
@@ -23,6 +24,13 @@ class MoeRunner {
   /// Runs the MoE experts on a dispatch output. Throws ContractViolation (sglang's assertion
   /// text) if no permute is registered for the dispatch output's format.
   CombineInputPtr run(const DispatchOutputPtr& dispatch_output, const QuantInfoPtr& quant_info);
+
+  /// Captures this runner's path for the dispatch output's shapes (prepared.h): run() on the
+  /// result gives what run(dispatch_output, quant_info) gives for the tensors' contents at that
+  /// time, bit for bit. Throws Unsupported, naming the reason, for a path that cannot be
+  /// captured: none prepared for the dispatch format, or Python-registered callables in use.
+  PreparedRunPtr prepare(const DispatchOutputPtr& dispatch_output,
+                         const QuantInfoPtr& quant_info) const;
 
   void set_overlap_args(std::any down_gemm_overlap_args, std::any meta_overlap_args);
   void clear_overlap_args();
@@ -43,6 +51,8 @@ class MoeRunner {
   std::unique_ptr<RunnerCore> core_;
   std::array<PrePermuteFn, kNumDispatchFormats> pre_permutes_;
   std::array<PostPermuteFn, kNumDispatchFormats> post_permutes_;
+  std::array<PrepareFn, kNumDispatchFormats> prepares_;
+  std::string python_callable_;  // the first Python-registered callable run() uses; "" if none
   std::any down_gemm_overlap_args_;
   std::any meta_overlap_args_;
 };

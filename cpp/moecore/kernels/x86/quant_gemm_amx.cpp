@@ -2,14 +2,12 @@
 // scaled_gemm_kernel, which the ISA level offers only where the OS granted AMX). Bf16-exact
 // operands multiply with TDPBF16PS, int8 × int8 codes with TDPBSSD (exact int32). Weight rows
 // are the A operand as they are stored (bf16 rows whose K is a whole number of 64-byte steps) or
-// as decoded per block of kColumns rows into a per-thread buffer; the activation rows, padded
-// with zero rows to whole pairs of tiles (results discarded), are the B operand, put in VNNI
-// order once per call. Each K block of the weight's scale grid accumulates in its own tiles,
-// which fold with the scales as scaled_gemm_ref does. A result depends only on its own weight
-// and activation rows, so a row's result never depends on the other rows nor on threads.
-// Other operands run the avx512 row.
-#include <vector>
-
+// as decoded per block of kColumns rows into the call's GemmScratch; the activation rows, kRowChunk
+// at a time and padded with zero rows to whole pairs of tiles (results discarded), are the B
+// operand, put in VNNI order once per chunk. Each K block of the weight's scale grid accumulates in
+// its own tiles, which fold with the scales as scaled_gemm_ref does. A result depends only on its
+// own weight and activation rows, so a row's result never depends on the other rows nor on threads.
+// Other operands run the avx512 row. Working memory (Buffers) depends on the weight operand only.
 #include "moecore/kernels/x86/bf16_operands.h"
 
 namespace moecore {
@@ -30,6 +28,32 @@ struct alignas(64) TileConfig {
 
 constexpr int64_t kTileRows = 16, kTileBytes = kTileRows * kStepBytes;
 constexpr int64_t kColumns = 64;  // weight rows per block (4 A tiles per K step), L2-resident
+// Activation rows put in B tiles at a time (whole pairs of tiles). Weights are decoded once per
+// chunk; the tiles multiply ~16× faster than the avx512_bf16 row, so a decoded column block is
+// reused by twice its own row count before it is decoded again.
+constexpr int64_t kRowChunk = 128;
+
+// The row's working memory for codes of one type, one layout for every call on the weight operand.
+struct Buffers {
+  uint8_t* b_tiles;   // [kRowChunk / 16, steps] B tiles (1 KiB each)
+  uint8_t* w_rows;    // [kColumns, row_bytes]: decoded weight rows; 16 activation rows while
+                      // the B tiles are packed
+  float* decoded;     // [K]: one weight row decoded to fp32
+  float* row_scales;  // [nb]
+  float* w_scales;    // [nb, kColumns]
+  Buffers(ScratchCarver& s, const PaddedK& pk)
+      : b_tiles(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
+        w_rows(s.take<uint8_t>(kColumns * pk.row_bytes())),
+        decoded(s.take<float>(pk.k)),
+        row_scales(s.take<float>(pk.num_blocks)),
+        w_scales(s.take<float>(kColumns * pk.num_blocks)) {}
+};
+
+size_t own_scratch_bytes(const PaddedK& pk) {
+  ScratchCarver sizing;
+  [[maybe_unused]] const Buffers layout(sizing, pk);
+  return sizing.bytes();
+}
 
 // dst[i * 16 + j] = src[j][i] for 16 × 16 dwords (src rows `stride` bytes apart): one K step of
 // 16 activation rows into a VNNI-ordered B tile, or a C tile into activation-row order.
@@ -130,25 +154,18 @@ void fold_tile(const int32_t* c, const ActivationCodes& a, int64_t r, int64_t ro
   }
 }
 
+// Activation rows [0, m ≤ kRowChunk) of the call against weight rows [n0, n0 + n); the tile
+// configuration is loaded.
 template <bool kInteger>
-void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
-                       int64_t n0, int64_t n, float* out, int64_t ldo) {
+void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e, int64_t n0,
+                int64_t n, float* out, int64_t ldo, const PaddedK& pk, const Buffers& buffers) {
   const CodeType type = kInteger ? CodeType::kInt8 : CodeType::kBf16;
-  const PaddedK pk(w, type);
   const int64_t row_bytes = pk.row_bytes(), steps = pk.steps(), nb = pk.num_blocks;
   const int64_t m_padded = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
   const float alpha = expert_alpha(w, e);
-  thread_local std::vector<uint8_t> b_tiles, w_rows;
-  thread_local std::vector<float> scratch, row_scales, w_scales;  // w_scales: [nb, kColumns]
-  b_tiles.resize(static_cast<size_t>(m_padded * row_bytes));
-  w_rows.resize(static_cast<size_t>(kColumns * row_bytes));
-  scratch.resize(static_cast<size_t>(w.k));
-  row_scales.resize(static_cast<size_t>(nb));
-  w_scales.resize(static_cast<size_t>(kColumns * nb));
-  pack_activation_tiles(a, m, m_padded, pk, type, w_rows.data(), b_tiles.data());
+  float* const w_scales = buffers.w_scales;
+  pack_activation_tiles(a, m, m_padded, pk, type, buffers.w_rows, buffers.b_tiles);
 
-  static const TileConfig config;
-  _tile_loadconfig(&config);
   alignas(64) int32_t c[4 * kTileRows * kTileRows];
   alignas(64) int32_t by_row[kTileRows * kTileRows];  // one C tile in activation-row order
   for (int64_t c0 = 0; c0 < n; c0 += kColumns) {
@@ -156,20 +173,20 @@ void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand&
     const int64_t col_tiles = (cols + 2 * kTileRows - 1) / (2 * kTileRows) * 2;  // whole pairs
     // bf16 weight rows that already are the padded layout (K a whole number of steps) are the A
     // tiles as stored; other rows decode into w_rows first.
-    const uint8_t* rows = w_rows.data();
+    const uint8_t* rows = buffers.w_rows;
     int64_t stride = row_bytes;
     if (type == CodeType::kBf16 && w.coding == WeightCoding::kDense &&
         w.k % pk.step_codes == 0 && cols == col_tiles * kTileRows) {
       rows = static_cast<const uint8_t*>(w.data.at({e, n0 + c0, 0}));
       stride = w.data.strides[1] * dtype_size(w.data.dtype);
-      std::fill(w_scales.begin(), w_scales.begin() + cols, 1.0f);
+      std::fill(w_scales, w_scales + cols, 1.0f);
     } else {
       for (int64_t j = 0; j < cols; ++j) {
-        pack_weight_row(w, e, n0 + c0 + j, pk, type, scratch.data(),
-                        w_rows.data() + j * row_bytes, row_scales.data());
-        for (int64_t b = 0; b < nb; ++b) w_scales[b * kColumns + j] = row_scales[b];
+        pack_weight_row(w, e, n0 + c0 + j, pk, type, buffers.decoded,
+                        buffers.w_rows + j * row_bytes, buffers.row_scales);
+        for (int64_t b = 0; b < nb; ++b) w_scales[b * kColumns + j] = buffers.row_scales[b];
       }
-      std::memset(w_rows.data() + cols * row_bytes, 0,
+      std::memset(buffers.w_rows + cols * row_bytes, 0,
                   static_cast<size_t>((col_tiles * kTileRows - cols) * row_bytes));
     }
 
@@ -178,7 +195,7 @@ void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand&
         for (int64_t b = 0; b < nb; ++b) {
           const int64_t s0 = pk.block_first_step(b);
           const uint8_t* a0 = rows + t * kTileRows * stride;
-          const uint8_t* b0 = b_tiles.data() + r0 / kTileRows * steps * kTileBytes;
+          const uint8_t* b0 = buffers.b_tiles + r0 / kTileRows * steps * kTileBytes;
           tile_block<kInteger>(a0, a0 + kTileRows * stride, stride, b0, b0 + steps * kTileBytes,
                                s0, s0 + pk.block_steps(b), c);
           for (int64_t ti = 0; ti < 2; ++ti)
@@ -190,16 +207,40 @@ void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand&
               transpose_16x16(reinterpret_cast<const uint8_t*>(tile), kStepBytes,
                               reinterpret_cast<uint8_t*>(by_row));
               fold_tile<kInteger>(by_row, a, r, std::min(kTileRows, m - r),
-                                  w_scales.data() + b * kColumns + col,
+                                  w_scales + b * kColumns + col,
                                   static_cast<__mmask16>((1u << real_cols) - 1), b, nb, alpha,
                                   out + r * ldo + c0 + col, ldo);
             }
         }
   }
+}
+
+// Each output depends only on its own activation row: chunks of rows are calls of their own.
+template <bool kInteger>
+void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                       int64_t n0, int64_t n, float* out, int64_t ldo) {
+  const PaddedK pk(w, kInteger ? CodeType::kInt8 : CodeType::kBf16);
+  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_amx_scratch_bytes(w)));
+  const Buffers buffers(carver, pk);
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
+    gemm_chunk<kInteger>(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
+                         out + r0 * ldo, ldo, pk, buffers);
   _tile_release();
 }
 
 }  // namespace
+
+size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w) {
+  // bf16 codes for any coding (bf16_operands), int8 codes for int8 weights (integer_operands);
+  // calls the avx512 row takes use its memory.
+  size_t bytes =
+      std::max(own_scratch_bytes(PaddedK(w, CodeType::kBf16)), scaled_gemm_avx512_scratch_bytes(w));
+  if (w.coding == WeightCoding::kInt8)
+    bytes = std::max(bytes, own_scratch_bytes(PaddedK(w, CodeType::kInt8)));
+  return bytes;
+}
 
 void scaled_gemm_amx(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo) {

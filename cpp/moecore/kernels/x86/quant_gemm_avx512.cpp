@@ -7,9 +7,10 @@
 // activation rows streams each weight row once, decodes 16 weights at a time in registers (exact;
 // no decoded copy of the weights) and reuses that vector for all R rows, while the C independent
 // accumulator chains keep the adds in flight. Larger M walks row tiles over the same C weight
-// rows, which then come from L1/L2.
+// rows, which then come from L1/L2. Working memory comes from the call's GemmScratch (Buffers);
+// int8 × int8 calls widen kIntRowChunk activation rows at a time, so it never depends on M.
 #include <algorithm>
-#include <vector>
+#include <cstring>
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/quant_gemm.h"
@@ -20,6 +21,29 @@ namespace {
 
 constexpr int kMaxChannels = 4;
 constexpr int64_t kPrefetchBytes = 1024;
+// Activation rows widened to int16 at a time by int8 × int8 calls (the weights stream once per
+// chunk; 64 rows of vpmaddwd work per weight byte keep that off the memory bound).
+constexpr int64_t kIntRowChunk = 64;
+
+// int16 codes per widened activation row: K rounded up to whole 32-lane loads (zero-padded).
+int64_t int16_row_length(int64_t k) { return (k + 31) / 32 * 32; }
+
+// The row's working memory, the same layout for every call on the weight operand.
+struct Buffers {
+  float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
+  float* fp4_scales;  // [kMaxChannels, K / group]: decoded fp4 block scales (fp4 codings)
+  int16_t* a16;       // [kIntRowChunk, int16_row_length(K)] + 32: widened int8 codes (kInt8)
+  Buffers(ScratchCarver& s, const WeightOperand& w)
+      : w_scales(s.take<float>(kMaxChannels * w.num_k_blocks())),
+        fp4_scales(is_fp4(w) ? s.take<float>(kMaxChannels * (w.k / fp4_group_size(w.coding)))
+                             : nullptr),
+        a16(w.coding == WeightCoding::kInt8
+                ? s.take<int16_t>(kIntRowChunk * int16_row_length(w.k) + 32)
+                : nullptr) {}
+  static bool is_fp4(const WeightOperand& w) {
+    return w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
+  }
+};
 
 // 16 e4m3fn codes → fp32, exact. The code shifted into a fp16 bit pattern (S.0EEEE.MMM0000000) is
 // its value · 2^-8, subnormals included, so cvtph then × 2^8 (exact). The NaN codes S.1111.111
@@ -213,6 +237,7 @@ struct Call {
   float* out;
   int64_t ldo;
   int64_t nb, kb;
+  float* w_scales;  // Buffers::w_scales
 };
 
 // R rows from r0 × C channels from c0 (nc of them real): per K block, the dots, then
@@ -268,18 +293,17 @@ void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t 
 template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
   constexpr int kRows = C == 4 ? 4 : 8;
-  thread_local std::vector<float> w_scales;
-  w_scales.resize(static_cast<size_t>(C * call.nb));
+  float* w_scales = call.w_scales;
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
     const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
     for (int c = 0; c < C; ++c) {
       const int64_t row = call.n0 + c0 + std::min(c, nc - 1);
       dots.stream.bind(c, call.w, call.e, row);
-      weight_row_scales(call.w, call.e, row, w_scales.data() + c * call.nb);
+      weight_row_scales(call.w, call.e, row, w_scales + c * call.nb);
     }
     for (int64_t r0 = 0; r0 < call.m; r0 += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, call.m - r0));
-      row_tile<C>(call, dots, r0, rows, c0, nc, w_scales.data());
+      row_tile<C>(call, dots, r0, rows, c0, nc, w_scales);
     }
   }
 }
@@ -300,7 +324,38 @@ void run_float(const Call& call, Stream stream) {
   walk_tiles(call, dots);
 }
 
+// int8 × int8: activation rows [0, m) in chunks of kIntRowChunk, each widened to int16 rows
+// (zero-padded so whole 32-lane loads stay in bounds) and walked as a call of its own; integer
+// dots are exact, so a chunk's outputs equal those of one whole call.
+void run_int8_codes(const Call& call, int16_t* a16) {
+  const int64_t k = call.w.k, ld = int16_row_length(k);
+  for (int64_t r0 = 0; r0 < call.m; r0 += kIntRowChunk) {
+    const int64_t rows = std::min(kIntRowChunk, call.m - r0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = call.a.codes + (r0 + r) * call.a.ld;
+      for (int64_t i = 0; i < ld; i += 16) {
+        const __mmask16 mask = avx512::tail_mask(std::max<int64_t>(k - i, 0));
+        const __m512i v = _mm512_cvttps_epi32(_mm512_maskz_loadu_ps(mask, src + i));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a16 + r * ld + i), _mm512_cvtepi32_epi16(v));
+      }
+    }
+    std::memset(a16 + rows * ld, 0, 32 * sizeof(int16_t));
+    const ActivationCodes chunk = activation_rows_from(call.a, r0);
+    const Call part{
+        chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
+        call.ldo, call.nb, call.kb, call.w_scales};
+    IntDots dots{Int8AsFloatStream{}, a16, ld};
+    walk_tiles(part, dots);
+  }
+}
+
 }  // namespace
+
+size_t scaled_gemm_avx512_scratch_bytes(const WeightOperand& w) {
+  ScratchCarver sizing;
+  [[maybe_unused]] const Buffers layout(sizing, w);
+  return sizing.bytes();
+}
 
 void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                         int64_t n0, int64_t n, float* out, int64_t ldo) {
@@ -308,7 +363,9 @@ void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand
   MOECORE_INTERNAL_CHECK(a.scales == nullptr || a.scales_per_row == 1 || a.scales_per_row == nb,
                          "activation scales per row (", a.scales_per_row,
                          ") must be 1 or the weight's K blocks (", nb, ")");
-  const Call call{a, m, w, e, n0, n, out, ldo, nb, kb};
+  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_scratch_bytes(w)));
+  const Buffers buffers(carver, w);
+  const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
   switch (w.coding) {
     case WeightCoding::kDense:
       switch (w.data.dtype) {
@@ -318,29 +375,14 @@ void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand
       }
     case WeightCoding::kFp8:
       return run_float(call, Fp8Stream{});
-    case WeightCoding::kInt8: {
+    case WeightCoding::kInt8:
       if (!a.integer) return run_float(call, Int8AsFloatStream{});
-      // int8 activation codes to int16 rows, zero-padded so whole 32-lane loads stay in bounds.
-      const int64_t ld = (w.k + 31) / 32 * 32;
-      thread_local std::vector<int16_t> a16;
-      a16.assign(static_cast<size_t>(m * ld + 32), 0);
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t i = 0; i < w.k; i += 16) {
-          const __mmask16 mask = avx512::tail_mask(w.k - i);
-          const __m512i v = _mm512_cvttps_epi32(_mm512_maskz_loadu_ps(mask, a.codes + r * a.ld + i));
-          _mm256_mask_storeu_epi16(a16.data() + r * ld + i, mask, _mm512_cvtepi32_epi16(v));
-        }
-      IntDots dots{Int8AsFloatStream{}, a16.data(), ld};
-      return walk_tiles(call, dots);
-    }
+      return run_int8_codes(call, buffers.a16);
     case WeightCoding::kNvfp4:
-    case WeightCoding::kMxfp4: {
+    case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
                              ") must be a multiple of its scale group");
-      thread_local std::vector<float> block_scales;
-      block_scales.resize(static_cast<size_t>(kMaxChannels * (w.k / fp4_group_size(w.coding))));
-      return run_float(call, Fp4Stream(w.coding, w.k, block_scales.data()));
-    }
+      return run_float(call, Fp4Stream(w.coding, w.k, buffers.fp4_scales));
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }

@@ -2,7 +2,10 @@
 // Registers: fused func (none, flashinfer_cutedsl) and fused func (flashinfer,
 // flashinfer_cutedsl) — the v2 path (FlashInfer CuteDslMoEWrapper.run) on a
 // StandardDispatchOutput or a FlashinferDispatchOutput; fused func (deepep, flashinfer_cutedsl) —
-// the v1 path (flashinfer_cutedsl_moe_masked) on a DeepEPLLDispatchOutput.
+// the v1 path (flashinfer_cutedsl_moe_masked) on a DeepEPLLDispatchOutput. Prepared runs
+// (standard | flashinfer, flashinfer_cutedsl) capture v2 (flashinfer_moe_common's TokenMajorRun)
+// and (deepep_ll, flashinfer_cutedsl) captures v1 (MaskedRun); each fused func is its prepared
+// run built and run once.
 //
 // Numeric contract (scalar reference; the kernels are opaque, spec §6.8, §7.2). Both versions
 // run the same per-row expert MLP (expert_compute's expert_mlp):
@@ -27,6 +30,9 @@
 // weights). Guards (R15): silu only ("Only silu is supported for CuteDSL MoE."), gated only,
 // apply_router_weight_on_input rejected, v2 needs a standard top-k. Empty input → [0, H] (R9).
 #include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -42,7 +48,6 @@ using namespace flashinfer_detail;
 
 constexpr const char* kApi = "MoeRunner(flashinfer_cutedsl)";
 constexpr int64_t kInterleaveGroup = 64;
-
 
 const CuteDslFp4MoeQuantInfo& as_info(const QuantInfoPtr& q) {
   auto* info = dynamic_cast<const CuteDslFp4MoeQuantInfo*>(q.get());
@@ -88,13 +93,13 @@ Fp4Shapes check_fp4_weights(const CuteDslFp4MoeQuantInfo& q) {
   return s;
 }
 
-/// The expert MLP over linear block scales; the caller sets the activation quantizers.
 /// The fused funcs' state: one workspace for every runner of this backend (calls take turns).
-ExpertWorkspace& workspace() {
-  static ExpertWorkspace ws;
-  return ws;
+const std::shared_ptr<ExpertWorkspace>& shared_workspace() {
+  static const auto workspace = std::make_shared<ExpertWorkspace>();
+  return workspace;
 }
 
+/// The expert MLP over linear block scales; the caller sets the activation quantizers.
 ExpertMlp cutedsl_mlp(const CuteDslFp4MoeQuantInfo& q, const Fp4Shapes& s, const Tensor& sf13,
                       const Tensor& sf2, const ActivationSpec& spec, GateUpLayout layout,
                       const MoeRunnerConfig& config) {
@@ -144,13 +149,16 @@ void check_nvfp4_payload(const Tensor& x, const Tensor& s, std::vector<int64_t> 
 // ---------------------------------------------------------------------------------------------
 // v2
 
-CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
-                               const MoeRunnerConfig& config, bool flashinfer_a2a) {
+// The whole v2 call resolved from the dispatch output, the quant info and the config.
+TokenMajorPlan cutedsl_v2_plan(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                               const MoeRunnerConfig& config, bool flashinfer_a2a, bool capture) {
   MOECORE_CHECK(dispatch != nullptr && quant_info != nullptr, kApi,
                 ": expected a dispatch output and a quant info");
   const ActivationSpec spec = cutedsl_activation(config);
   const CuteDslFp4MoeQuantInfo& q = as_info(quant_info);
-  const FlashinferInput in = flashinfer_input(kApi, dispatch, flashinfer_a2a, true);
+  TokenMajorPlan plan;
+  plan.input = flashinfer_input(kApi, dispatch, flashinfer_a2a, true, capture);
+  const FlashinferInput& in = plan.input;
   const Fp4Shapes s = check_fp4_weights(q);
   const int64_t e = s.e, h = s.h, inter = s.inter;
   MOECORE_CHECK(inter % kInterleaveGroup == 0, kApi,
@@ -179,15 +187,13 @@ CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInf
   const Tensor& x = in.hidden_states;
   MOECORE_CHECK(x.defined() && x.ndim() == 2, kApi, ": expected hidden_states [T, ·], got ",
                 x.describe());
-  RowLoader load_row;
   const bool prequantized = flashinfer_a2a && in.hidden_states_scale.defined();
   if (prequantized) {
-    const Tensor& xs = in.hidden_states_scale;
-    check_nvfp4_payload(x, xs, {x.size(0)}, h);
-    check_block_scale_bytes(kApi, "hidden_states_scale", xs.view());
+    check_nvfp4_payload(x, in.hidden_states_scale, {x.size(0)}, h);
+    plan.input_scales.emplace(in.hidden_states_scale);
     const uint8_t* xq = x.ptr<uint8_t>();
-    const uint8_t* xsf = xs.ptr<uint8_t>();
-    load_row = [xq, xsf, h](int64_t t, float* dst) {
+    const uint8_t* xsf = plan.input_scales->bytes();  // checked by every run before it is read
+    plan.load_row = [xq, xsf, h](int64_t t, float* dst) {
       nvfp4_code_values_row(xq + t * (h / 2), xsf + t * (h / kNvfp4BlockSize), h, dst);
     };
   } else {
@@ -196,26 +202,35 @@ CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInf
     MOECORE_CHECK(x.size(1) == h && x.view().rows_contiguous(), kApi,
                   ": expected hidden_states [T, ", h, "] with contiguous rows, got ", x.describe());
     const TensorView v = x.view();
-    load_row = [v, h](int64_t t, float* dst) { load_f32(v.at({t, 0}), v.dtype, h, dst); };
+    plan.load_row = [v, h](int64_t t, float* dst) { load_f32(v.at({t, 0}), v.dtype, h, dst); };
   }
 
-  const int64_t id_limit = config.num_experts.value_or(q.local_expert_offset + e);
-  const Tensor local_ids = localize_expert_ids(kApi, in.topk.topk_ids, q.local_expert_offset, e,
-                                               id_limit, in.flashinfer_format);
-  const RoutedTokens tokens = routed_tokens(kApi, local_ids, in.topk.topk_weights);
-  MOECORE_CHECK(tokens.num_tokens == x.size(0), kApi, ": expected topk_ids with ", x.size(0),
-                " rows (one per token), got ", in.topk.topk_ids.describe());
+  plan.dispatch = dispatch;
+  plan.quant_info = quant_info;
+  plan.mlp = cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kUpGateInterleaved, config);
+  if (!prequantized) plan.mlp.gemm1.quantize = nvfp4_quantizer(a1);
+  plan.mlp.gemm2.quantize = nvfp4_quantizer(a2);
+  plan.keep_alive = {sf13, sf2};
+  plan.expert_offset = q.local_expert_offset;
+  plan.num_local_experts = e;
+  plan.id_limit = config.num_experts.value_or(q.local_expert_offset + e);
+  plan.allow_invalid_id = in.flashinfer_format;
+  return plan;
+}
 
-  Tensor out = flashinfer_output_buffer(kApi, in, tokens.num_tokens, h, DType::kBF16);
-  if (tokens.num_tokens == 0) return flashinfer_combine_input(in, out);  // R9
+CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                               const MoeRunnerConfig& config, bool flashinfer_a2a) {
+  TokenMajorRun call(kApi, cutedsl_v2_plan(dispatch, quant_info, config, flashinfer_a2a, false),
+                     shared_workspace());
+  call.run();
+  return call.combine_input();
+}
 
-  ExpertMlp mlp =
-      cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kUpGateInterleaved, config);
-  if (!prequantized) mlp.gemm1.quantize = nvfp4_quantizer(a1);
-  mlp.gemm2.quantize = nvfp4_quantizer(a2);
-  const Tensor slots = run_routed_experts(mlp, tokens, e, load_row, workspace());
-  combine_weighted(tokens, slots, out, nullptr);
-  return flashinfer_combine_input(in, out);
+PreparedRunPtr prepare_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                                  const MoeRunnerConfig& config, bool flashinfer_a2a) {
+  return std::make_unique<TokenMajorRun>(
+      kApi, cutedsl_v2_plan(dispatch, quant_info, config, flashinfer_a2a, true),
+      std::make_shared<ExpertWorkspace>());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -227,8 +242,7 @@ std::vector<float> per_expert_global_scales(const char* what, const Tensor& t, i
   MOECORE_CHECK_DTYPE(t.dtype() == DType::kF32, kApi, ": expected ", what, " float32, got ",
                       t.describe());
   MOECORE_CHECK(t.numel() == 1 || (t.ndim() == 1 && t.size(0) == e), kApi, ": expected ", what,
-                " [", e, "] (one global scale per local expert) or one value, got ",
-                t.describe());
+                " [", e, "] (one global scale per local expert) or one value, got ", t.describe());
   std::vector<float> v(static_cast<size_t>(e));
   for (int64_t i = 0; i < e; ++i) {
     v[i] = t.numel() == 1 ? *t.ptr<float>() : t.ptr<float>()[i * t.view().strides[0]];
@@ -242,12 +256,12 @@ std::vector<float> per_expert_global_scales(const char* what, const Tensor& t, i
 /// unit last stride.
 Tensor nvfp4_dispatch_scale_bytes(const Tensor& s) {
   if (dtype_size(s.dtype()) == 1) return s;
-  MOECORE_ASSERT(s.ndim() >= 1 && s.view().strides[s.ndim() - 1] == 1,
-                 "NVFP4 dispatch scale has stride(-1)=",
-                 s.ndim() >= 1 ? s.view().strides[s.ndim() - 1] : 0,
-                 ", dtype=", dtype_name(s.dtype()),
-                 "; .view(float8_e4m3fn) requires stride(-1)==1. Try "
-                 "SGLANG_MOE_NVFP4_DISPATCH=0 or check DeepEP version.");
+  MOECORE_ASSERT(
+      s.ndim() >= 1 && s.view().strides[s.ndim() - 1] == 1,
+      "NVFP4 dispatch scale has stride(-1)=", s.ndim() >= 1 ? s.view().strides[s.ndim() - 1] : 0,
+      ", dtype=", dtype_name(s.dtype()),
+      "; .view(float8_e4m3fn) requires stride(-1)==1. Try "
+      "SGLANG_MOE_NVFP4_DISPATCH=0 or check DeepEP version.");
   TensorView v = s.view();
   const int64_t width = dtype_size(s.dtype());
   v.shape[v.ndim - 1] *= width;
@@ -256,93 +270,145 @@ Tensor nvfp4_dispatch_scale_bytes(const Tensor& s) {
   return Tensor(v, s.owner());
 }
 
+/// The v1 path prepared for one DeepEPLLDispatchOutput's shapes. Each run() validates masked_m
+/// (and, for an NVFP4 payload, the scale bytes of the valid rows) before writing anything, then
+/// runs expert e's first masked_m[e] rows through expert e alone (its own activation global
+/// scales) and zeroes the rows past them.
+class MaskedRun final : public PreparedRun {
+ public:
+  MaskedRun(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+            const MoeRunnerConfig& config, std::shared_ptr<ExpertWorkspace> workspace)
+      : PreparedRun(nullptr),
+        dispatch_(dispatch),
+        quant_info_(quant_info),
+        workspace_(std::move(workspace)) {
+    MOECORE_CHECK(dispatch != nullptr && quant_info != nullptr, kApi,
+                  ": expected a dispatch output and a quant info");
+    const ActivationSpec spec = cutedsl_activation(config);
+    const CuteDslFp4MoeQuantInfo& q = as_info(quant_info);
+    auto* d = dynamic_cast<const DeepEPLLDispatchOutput*>(dispatch.get());
+    MOECORE_CHECK_DTYPE(d != nullptr, kApi,
+                        ": the v1 path (a2a deepep) takes a DeepEPLLDispatchOutput (DeepEP "
+                        "low-latency mode), got format ",
+                        to_string(dispatch->format()));
+    const Fp4Shapes s = check_fp4_weights(q);
+    e_ = s.e;
+    h_ = s.h;
+    const Tensor sf13 = linear_from_swizzled(kApi, "w13_weight_sf", q.w13_weight_sf, e_,
+                                             2 * s.inter, h_ / kNvfp4BlockSize);
+    const Tensor sf2 = linear_from_swizzled(kApi, "w2_weight_sf", q.w2_weight_sf, e_, h_,
+                                            s.inter / kNvfp4BlockSize);
+    const std::vector<float> a2 = per_expert_global_scales("a2_scale", q.a2_scale, e_);
+
+    x_ = d->hidden_states;
+    MOECORE_CHECK(x_.defined() && x_.ndim() == 3 && x_.size(0) == e_, kApi,
+                  ": expected hidden_states [E_local=", e_, ", M, ·] (the masked layout), got ",
+                  x_.describe());
+    m_cap_ = x_.size(1);
+    prequantized_ = d->hidden_states_scale.defined();
+    MOECORE_CHECK(
+        prequantized_ == q.use_nvfp4_dispatch, kApi,
+        ": use_nvfp4_dispatch=", q.use_nvfp4_dispatch ? "True" : "False",
+        " but the DeepEP payload ",
+        prequantized_ ? "is NVFP4 (hidden_states_scale given)" : "is BF16 (no hidden_states_scale)",
+        "; the quant method and the dispatcher must agree");
+    std::vector<float> a1;
+    if (prequantized_) {
+      xs_ = nvfp4_dispatch_scale_bytes(d->hidden_states_scale);
+      check_nvfp4_payload(x_, xs_, {e_, m_cap_}, h_);
+    } else {
+      MOECORE_CHECK_DTYPE(x_.dtype() == DType::kBF16, kApi,
+                          ": expected a bf16 DeepEP payload, got ", x_.describe());
+      MOECORE_CHECK(x_.size(2) == h_ && x_.view().is_contiguous(), kApi,
+                    ": expected contiguous hidden_states [", e_, ", ", m_cap_, ", ", h_, "], got ",
+                    x_.describe());
+      a1 = per_expert_global_scales("a1_scale", q.a1_scale, e_);
+    }
+    masked_m_ = d->masked_m;
+    MOECORE_CHECK(masked_m_.defined() && masked_m_.dtype() == DType::kI32 &&
+                      masked_m_.ndim() == 1 && masked_m_.size(0) == e_,
+                  kApi, ": expected masked_m int32 [", e_, "], got ", masked_m_.describe());
+
+    // One MLP per expert: the activation global scales are per expert, so experts run one
+    // after another, each over the shared schedule's column blocks.
+    const ExpertMlp base = cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kGateUp, config);
+    mlps_.assign(static_cast<size_t>(e_), base);
+    for (int64_t i = 0; i < e_; ++i) {
+      if (!prequantized_) mlps_[i].gemm1.quantize = nvfp4_quantizer(a1[i]);
+      mlps_[i].gemm2.quantize = nvfp4_quantizer(a2[i]);
+    }
+    weight_scales_ = {sf13, sf2};
+    counts_.resize(static_cast<size_t>(e_));
+    only_.resize(static_cast<size_t>(e_));
+    out_ = Tensor::empty({e_, m_cap_, h_}, DType::kBF16);
+    auto combine = std::make_shared<DeepEPLLCombineInput>();
+    combine->hidden_states = out_;
+    combine->topk_ids = d->topk_ids;
+    combine->topk_weights = d->topk_weights;
+    combine_input_ = combine;
+    std::lock_guard<std::mutex> lock(workspace_->mutex);  // a shared workspace may be in use
+    workspace_->reserve(base, m_cap_);
+  }
+
+  void run() override {
+    const TensorView mm = masked_m_.view();
+    for (int64_t i = 0; i < e_; ++i) {
+      const int64_t m = mm.ptr<int32_t>()[i * mm.strides[0]];
+      MOECORE_CHECK(m >= 0 && m <= m_cap_, kApi, ": masked_m[", i, "] must be in [0, ", m_cap_,
+                    "], got ", m);
+      if (prequantized_ && m > 0)  // only the valid rows: the rest is garbage by contract
+        check_block_scale_bytes(kApi, "hidden_states_scale",
+                                xs_.view().select(0, i).narrow(0, 0, m));
+      counts_[i] = m;
+    }
+    ExpertWorkspace& ws = *workspace_;
+    std::lock_guard<std::mutex> lock(ws.mutex);
+    const size_t row_bytes = static_cast<size_t>(h_) * sizeof(uint16_t);
+    for (int64_t i = 0; i < e_; ++i) {
+      const int64_t count = counts_[i];
+      const int64_t base_row = i * m_cap_;
+      std::memset(out_.ptr<uint16_t>() + (base_row + count) * h_, 0,
+                  static_cast<size_t>(m_cap_ - count) * row_bytes);  // rows past masked_m[i]
+      if (count == 0) continue;
+      // Rows 0..masked_m[i] of expert i alone: its slice of the masked layout in and out.
+      std::fill(only_.begin(), only_.end(), 0);
+      only_[i] = count;
+      ws.rows.sorted_rows(only_.data(), e_);
+      auto load = [&](int64_t r, float* dst) {
+        const int64_t row = base_row + r;
+        if (prequantized_)
+          nvfp4_code_values_row(x_.ptr<uint8_t>() + row * (h_ / 2),
+                                xs_.ptr<uint8_t>() + row * (h_ / kNvfp4BlockSize), h_, dst);
+        else
+          load_f32(x_.ptr<uint16_t>() + row * h_, DType::kBF16, h_, dst);
+      };
+      run_expert_mlp(mlps_[i], ws, load, RowScaleAt::kNone, out_.view().select(0, i));
+    }
+  }
+
+ private:
+  DispatchOutputPtr dispatch_;  // keeps the dispatch output alive
+  QuantInfoPtr quant_info_;     // keeps the weights alive
+  Tensor x_, xs_, masked_m_, out_;
+  std::vector<Tensor> weight_scales_;  // the linear block scales the MLPs point into
+  std::vector<ExpertMlp> mlps_;        // per expert: its activation global scales
+  std::vector<int64_t> counts_, only_;
+  int64_t e_ = 0, h_ = 0, m_cap_ = 0;
+  bool prequantized_ = false;
+  std::shared_ptr<ExpertWorkspace> workspace_;
+};
+
 CombineInputPtr run_cutedsl_v1(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
                                const MoeRunnerConfig& config) {
-  MOECORE_CHECK(dispatch != nullptr && quant_info != nullptr, kApi,
-                ": expected a dispatch output and a quant info");
-  const ActivationSpec spec = cutedsl_activation(config);
-  const CuteDslFp4MoeQuantInfo& q = as_info(quant_info);
-  auto* d = dynamic_cast<const DeepEPLLDispatchOutput*>(dispatch.get());
-  MOECORE_CHECK_DTYPE(d != nullptr, kApi,
-                      ": the v1 path (a2a deepep) takes a DeepEPLLDispatchOutput (DeepEP "
-                      "low-latency mode), got format ",
-                      to_string(dispatch->format()));
-  const Fp4Shapes s = check_fp4_weights(q);
-  const int64_t e = s.e, h = s.h, inter = s.inter;
-  const Tensor sf13 = linear_from_swizzled(kApi, "w13_weight_sf", q.w13_weight_sf, e, 2 * inter,
-                                           h / kNvfp4BlockSize);
-  const Tensor sf2 =
-      linear_from_swizzled(kApi, "w2_weight_sf", q.w2_weight_sf, e, h, inter / kNvfp4BlockSize);
-  const std::vector<float> a2 = per_expert_global_scales("a2_scale", q.a2_scale, e);
+  MaskedRun call(dispatch, quant_info, config, shared_workspace());
+  call.run();
+  return call.combine_input();
+}
 
-  const Tensor& x = d->hidden_states;
-  MOECORE_CHECK(x.defined() && x.ndim() == 3 && x.size(0) == e, kApi,
-                ": expected hidden_states [E_local=", e, ", M, ·] (the masked layout), got ",
-                x.describe());
-  const int64_t m_cap = x.size(1);
-  const bool prequantized = d->hidden_states_scale.defined();
-  MOECORE_CHECK(prequantized == q.use_nvfp4_dispatch, kApi, ": use_nvfp4_dispatch=",
-                q.use_nvfp4_dispatch ? "True" : "False", " but the DeepEP payload ",
-                prequantized ? "is NVFP4 (hidden_states_scale given)"
-                             : "is BF16 (no hidden_states_scale)",
-                "; the quant method and the dispatcher must agree");
-  std::vector<float> a1;
-  Tensor xs;
-  if (prequantized) {
-    xs = nvfp4_dispatch_scale_bytes(d->hidden_states_scale);
-    check_nvfp4_payload(x, xs, {e, m_cap}, h);
-  } else {
-    MOECORE_CHECK_DTYPE(x.dtype() == DType::kBF16, kApi,
-                        ": expected a bf16 DeepEP payload, got ", x.describe());
-    MOECORE_CHECK(x.size(2) == h && x.view().is_contiguous(), kApi,
-                  ": expected contiguous hidden_states [", e, ", ", m_cap, ", ", h, "], got ",
-                  x.describe());
-    a1 = per_expert_global_scales("a1_scale", q.a1_scale, e);
-  }
-  const Tensor& mm = d->masked_m;
-  MOECORE_CHECK(mm.defined() && mm.dtype() == DType::kI32 && mm.ndim() == 1 && mm.size(0) == e,
-                kApi, ": expected masked_m int32 [", e, "], got ", mm.describe());
-  std::vector<int64_t> counts(static_cast<size_t>(e));
-  for (int64_t i = 0; i < e; ++i) {
-    const int64_t m = mm.ptr<int32_t>()[i * mm.view().strides[0]];
-    MOECORE_CHECK(m >= 0 && m <= m_cap, kApi, ": masked_m[", i, "] must be in [0, ", m_cap,
-                  "], got ", m);
-    if (prequantized && m > 0)  // only the valid rows: the rest is garbage by contract
-      check_block_scale_bytes(kApi, "hidden_states_scale", xs.view().select(0, i).narrow(0, 0, m));
-    counts[i] = m;
-  }
-
-  // One MLP per expert: the activation global scales are per expert, so experts run one after
-  // another, each over the shared schedule's column blocks.
-  const ExpertMlp base = cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kGateUp, config);
-  Tensor out = Tensor::zeros({e, m_cap, h}, DType::kBF16);
-  ExpertWorkspace& ws = workspace();
-  std::lock_guard<std::mutex> lock(ws.mutex);
-  for (int64_t i = 0; i < e; ++i) {
-    if (counts[i] == 0) continue;
-    ExpertMlp mlp = base;
-    if (!prequantized) mlp.gemm1.quantize = nvfp4_quantizer(a1[i]);
-    mlp.gemm2.quantize = nvfp4_quantizer(a2[i]);
-    // Rows 0..masked_m[i] of expert i alone: its slice of the masked layout in and out.
-    std::vector<int64_t> only(static_cast<size_t>(e), 0);
-    only[i] = counts[i];
-    ws.rows.sorted_rows(only.data(), e);
-    const int64_t base_row = i * m_cap;
-    auto load = [&](int64_t r, float* dst) {
-      const int64_t row = base_row + r;
-      if (prequantized)
-        nvfp4_code_values_row(x.ptr<uint8_t>() + row * (h / 2),
-                              xs.ptr<uint8_t>() + row * (h / kNvfp4BlockSize), h, dst);
-      else
-        load_f32(x.ptr<uint16_t>() + row * h, DType::kBF16, h, dst);
-    };
-    run_expert_mlp(mlp, ws, load, RowScaleAt::kNone, out.view().select(0, i));
-  }
-  auto combine = std::make_shared<DeepEPLLCombineInput>();
-  combine->hidden_states = out;
-  combine->topk_ids = d->topk_ids;
-  combine->topk_weights = d->topk_weights;
-  return combine;
+PreparedRunPtr prepare_cutedsl_v1(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                                  const MoeRunnerConfig& config) {
+  return std::make_unique<MaskedRun>(dispatch, quant_info, config,
+                                     std::make_shared<ExpertWorkspace>());
 }
 
 CombineInputPtr fused_none_to_flashinfer_cutedsl(const DispatchOutputPtr& d, const QuantInfoPtr& q,
@@ -356,10 +422,28 @@ CombineInputPtr fused_flashinfer_to_flashinfer_cutedsl(const DispatchOutputPtr& 
   return run_cutedsl_v2(d, q, config, /*flashinfer_a2a=*/true);
 }
 
+// A StandardDispatchOutput is captured with a2a none's rules (prepared runs are keyed by dispatch
+// format, not a2a backend).
+PreparedRunPtr prepare_standard_flashinfer_cutedsl(const DispatchOutputPtr& d,
+                                                   const QuantInfoPtr& q,
+                                                   const MoeRunnerConfig& config) {
+  return prepare_cutedsl_v2(d, q, config, /*flashinfer_a2a=*/false);
+}
+
+PreparedRunPtr prepare_flashinfer_flashinfer_cutedsl(const DispatchOutputPtr& d,
+                                                     const QuantInfoPtr& q,
+                                                     const MoeRunnerConfig& config) {
+  return prepare_cutedsl_v2(d, q, config, /*flashinfer_a2a=*/true);
+}
+
 }  // namespace
 
 MOECORE_REGISTER_FUSED_FUNC(NONE, FLASHINFER_CUTEDSL, fused_none_to_flashinfer_cutedsl);
 MOECORE_REGISTER_FUSED_FUNC(FLASHINFER, FLASHINFER_CUTEDSL, fused_flashinfer_to_flashinfer_cutedsl);
 MOECORE_REGISTER_FUSED_FUNC(DEEPEP, FLASHINFER_CUTEDSL, run_cutedsl_v1);
+MOECORE_REGISTER_PREPARED_RUN(STANDARD, FLASHINFER_CUTEDSL, prepare_standard_flashinfer_cutedsl);
+MOECORE_REGISTER_PREPARED_RUN(FLASHINFER, FLASHINFER_CUTEDSL,
+                              prepare_flashinfer_flashinfer_cutedsl);
+MOECORE_REGISTER_PREPARED_RUN(DEEPEP_LL, FLASHINFER_CUTEDSL, prepare_cutedsl_v1);
 
 }  // namespace moecore

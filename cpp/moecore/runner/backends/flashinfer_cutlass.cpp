@@ -2,7 +2,9 @@
 // cutlass_fused_moe), fused-only. Registers: fused func (none, flashinfer_cutlass) and fused func
 // (flashinfer, flashinfer_cutlass); both take FlashInferCutlassMoeQuantInfo and a
 // StandardDispatchOutput, the flashinfer one also a FlashinferDispatchOutput (its result goes
-// into moe_output when given, and comes back as a FlashinferCombineInput).
+// into moe_output when given, and comes back as a FlashinferCombineInput). Prepared runs
+// (standard, flashinfer_cutlass) and (flashinfer, flashinfer_cutlass) capture them; each fused
+// func is its prepared run built and run once (flashinfer_moe_common's TokenMajorRun).
 //
 // Numeric contract (scalar reference; FlashInfer's kernel is opaque, so this is moecore's reading
 // of the formulas of spec §6.3, §6.4, §7.2, §7.4). w13 is [Up; Gate] (load_up_proj_weight_first),
@@ -83,15 +85,6 @@ const FlashInferCutlassMoeQuantInfo& as_info(const QuantInfoPtr& q) {
   return *info;
 }
 
-// Everything one call needs, validated: the MLP, how to load input rows, the output dtype.
-struct Problem {
-  ExpertMlp mlp;
-  int64_t num_experts = 0, hidden = 0;
-  DType out_dtype = DType::kBF16;
-  RowLoader load_row;
-  std::vector<Tensor> keep_alive;  // linear block scales the operands point into
-};
-
 WeightOperand operand(WeightCoding coding, const Tensor& data, int64_t e, int64_t n, int64_t k) {
   WeightOperand w;
   w.coding = coding;
@@ -150,9 +143,11 @@ void check_mlp_shapes(const Tensor& w13, const Tensor& w2, int64_t h, int64_t in
                 w13.describe());
 }
 
-Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferInput& d,
-                      const ActivationSpec& spec, const MoeRunnerConfig& config) {
-  Problem p;
+// The MLP (its act dtype is the output dtype), the input loader and the local expert range of
+// quant_type `q.quant_type` over p.input, validated; weight block scales are unswizzled here, once.
+void resolve_quant_type(const FlashInferCutlassMoeQuantInfo& q, const ActivationSpec& spec,
+                        const MoeRunnerConfig& config, TokenMajorPlan& p) {
+  const FlashinferInput& d = p.input;
   const Tensor& x = d.hidden_states;
   MOECORE_CHECK(x.defined(), kApi, ": hidden_states is required");
   const Tensor& w13 = q.w13_weight;
@@ -185,7 +180,7 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferIn
                         "weights' (",
                         dtype_name(w13.dtype()), "), got ", x.describe());
     p.load_row = float_rows(x, h);
-    p.out_dtype = output_dtype_or(q, x.dtype());
+    mlp.act_dtype = output_dtype_or(q, x.dtype());
     mlp.gemm1.weight = operand(WeightCoding::kDense, w13, e, w13.size(1), h);
     mlp.gemm2.weight = operand(WeightCoding::kDense, w2, e, h, inter);
     mlp.hidden = h;
@@ -209,7 +204,7 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferIn
     const float in_dq = scalar_of(kApi, "quant_scales[3] (fc1_input_dequant)", q.quant_scales[3]);
     check_global_scale(kApi, "quant_scales[3] (fc1_input_dequant)", in_dq);
     p.load_row = float_rows(x, h);  // hidden_states_scale is dropped, as in sglang
-    p.out_dtype = output_dtype_or(q, x.dtype());
+    mlp.act_dtype = output_dtype_or(q, x.dtype());
     mlp.gemm1.weight = operand(WeightCoding::kFp8, w13, e, w13.size(1), h);
     mlp.gemm1.weight.scale = q.quant_scales[0].view();
     mlp.gemm2.weight = operand(WeightCoding::kFp8, w2, e, h, inter);
@@ -241,7 +236,7 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferIn
                                        q.quant_scales[1], e, n1, h / kNvfp4BlockSize);
     Tensor sf2 = linear_from_swizzled(kApi, "quant_scales[4] (w2 block scales)", q.quant_scales[4],
                                       e, h, inter / kNvfp4BlockSize);
-    p.out_dtype = output_dtype_or(q, DType::kBF16);
+    mlp.act_dtype = output_dtype_or(q, DType::kBF16);
     if (d.hidden_states_scale.defined()) {
       // Pre-quantized NVFP4 input (FP4 all-gather / NVFP4 dispatch): swizzled scales.
       MOECORE_CHECK_DTYPE(x.dtype() == DType::kU8 || x.dtype() == DType::kFp4E2M1x2, kApi,
@@ -251,26 +246,24 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferIn
       MOECORE_CHECK(x.ndim() == 2 && x.size(1) == h / 2 && x.view().is_contiguous(), kApi,
                     ": expected contiguous packed hidden_states [T, ", h / 2, "], got ",
                     x.describe());
-      const int64_t t = x.size(0);
-      Tensor xs;
+      const int64_t t = x.size(0), kb = h / kNvfp4BlockSize;
+      const Tensor& s = d.hidden_states_scale;
       if (d.flashinfer_format) {  // the flashinfer dispatcher's linear [T, H/16] scales
-        const Tensor& s = d.hidden_states_scale;
         MOECORE_CHECK_DTYPE(s.dtype() == DType::kF8E4M3 || s.dtype() == DType::kU8, kApi,
                             ": expected hidden_states_scale float8_e4m3fn (or uint8), got ",
                             s.describe());
-        MOECORE_CHECK(s.view().shape_vector() == std::vector<int64_t>({t, h / kNvfp4BlockSize}) &&
-                          s.view().is_contiguous(),
-                      kApi, ": expected contiguous linear hidden_states_scale [", t, ", ",
-                      h / kNvfp4BlockSize, "] (the flashinfer dispatcher's), got ", s.describe());
-        check_block_scale_bytes(kApi, "hidden_states_scale", s.view());
-        xs = s;
+        MOECORE_CHECK(
+            s.view().shape_vector() == std::vector<int64_t>({t, kb}) && s.view().is_contiguous(),
+            kApi, ": expected contiguous linear hidden_states_scale [", t, ", ", kb,
+            "] (the flashinfer dispatcher's), got ", s.describe());
+        p.input_scales.emplace(s);
       } else {
-        xs = linear_from_swizzled(kApi, "hidden_states_scale",
-                                  with_group_dim(d.hidden_states_scale), 1, t, h / kNvfp4BlockSize);
+        const Tensor grouped = with_group_dim(s);
+        p.input_scales.emplace(swizzled_scale_bytes(kApi, "hidden_states_scale", grouped, 1, t, kb),
+                               grouped, t, kb);
       }
-      p.keep_alive.push_back(xs);
       const uint8_t* xq = x.ptr<uint8_t>();
-      const uint8_t* xsf = xs.ptr<uint8_t>();
+      const uint8_t* xsf = p.input_scales->bytes();  // checked by every run before it is read
       p.load_row = [xq, xsf, h](int64_t row, float* dst) {
         nvfp4_code_values_row(xq + row * (h / 2), xsf + row * (h / kNvfp4BlockSize), h, dst);
       };
@@ -293,14 +286,14 @@ Problem build_problem(const FlashInferCutlassMoeQuantInfo& q, const FlashinferIn
     MOECORE_THROW(InvalidArgument, kApi, ": quant_type must be 'bf16', 'fp8' or 'fp4', got '",
                   q.quant_type, "'");
   }
-  mlp.act_dtype = p.out_dtype;
-  p.num_experts = e;
-  p.hidden = mlp.hidden;
-  return p;
+  p.expert_offset = q.moe_ep_rank * e;
+  p.num_local_experts = e;
+  p.id_limit = e * q.moe_ep_size;
 }
 
-CombineInputPtr run_cutlass(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
-                            const MoeRunnerConfig& config, bool flashinfer_a2a) {
+// The whole call resolved from the dispatch output, the quant info and the config.
+TokenMajorPlan cutlass_plan(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                            const MoeRunnerConfig& config, bool flashinfer_a2a, bool capture) {
   MOECORE_CHECK(dispatch != nullptr && quant_info != nullptr, kApi,
                 ": expected a dispatch output and a quant info");
   const FlashInferCutlassMoeQuantInfo& q = as_info(quant_info);
@@ -309,30 +302,29 @@ CombineInputPtr run_cutlass(const DispatchOutputPtr& dispatch, const QuantInfoPt
   const ActivationSpec spec = cutlass_activation(config);
   if (config.no_combine)
     MOECORE_UNSUPPORTED(kApi, ": no_combine is not supported (FlashInfer always combines top-k)");
-  const FlashinferInput d = flashinfer_input(kApi, dispatch, flashinfer_a2a, false);
+  TokenMajorPlan plan;
+  plan.input = flashinfer_input(kApi, dispatch, flashinfer_a2a, false, capture);
   MOECORE_CHECK(q.moe_ep_size >= 1 && q.moe_ep_rank >= 0 && q.moe_ep_rank < q.moe_ep_size &&
                     q.moe_tp_size >= 1 && q.moe_tp_rank >= 0 && q.moe_tp_rank < q.moe_tp_size,
                 kApi, ": bad TP/EP topology (tp ", q.moe_tp_rank, "/", q.moe_tp_size, ", ep ",
                 q.moe_ep_rank, "/", q.moe_ep_size, ")");
+  resolve_quant_type(q, spec, config, plan);
+  plan.dispatch = dispatch;
+  plan.quant_info = quant_info;
+  plan.allow_invalid_id = flashinfer_a2a;
+  if (q.quant_type != "fp4" && q.apply_routed_scaling_factor)
+    plan.routed_scaling_factor = config.routed_scaling_factor;
+  return plan;
+}
 
-  Problem p = build_problem(q, d, spec, config);
-  const int64_t e = p.num_experts;
-  const int64_t total = e * q.moe_ep_size;
-  const Tensor local_ids =
-      localize_expert_ids(kApi, d.topk.topk_ids, q.moe_ep_rank * e, e, total, flashinfer_a2a);
-  const RoutedTokens tokens = routed_tokens(kApi, local_ids, d.topk.topk_weights);
-  MOECORE_CHECK(tokens.num_tokens == d.hidden_states.size(0), kApi, ": expected topk_ids with ",
-                d.hidden_states.size(0), " rows (one per token), got ", d.topk.topk_ids.describe());
-
-  Tensor out = flashinfer_output_buffer(kApi, d, tokens.num_tokens, p.hidden, p.out_dtype);
-  if (tokens.num_tokens == 0) return flashinfer_combine_input(d, out);  // R9
+CombineInputPtr run_cutlass(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                            const MoeRunnerConfig& config, bool flashinfer_a2a) {
   // The fused funcs' state: one workspace for every runner of this backend (calls take turns).
-  static ExpertWorkspace workspace;
-  const Tensor slots = run_routed_experts(p.mlp, tokens, e, p.load_row, workspace);
-  std::optional<float> rsf;
-  if (q.quant_type != "fp4" && q.apply_routed_scaling_factor) rsf = config.routed_scaling_factor;
-  combine_weighted(tokens, slots, out, rsf ? &*rsf : nullptr);
-  return flashinfer_combine_input(d, out);
+  static const auto workspace = std::make_shared<ExpertWorkspace>();
+  TokenMajorRun call(kApi, cutlass_plan(dispatch, quant_info, config, flashinfer_a2a, false),
+                     workspace);
+  call.run();
+  return call.combine_input();
 }
 
 CombineInputPtr fused_none_to_flashinfer_cutlass(const DispatchOutputPtr& d, const QuantInfoPtr& q,
@@ -346,9 +338,32 @@ CombineInputPtr fused_flashinfer_to_flashinfer_cutlass(const DispatchOutputPtr& 
   return run_cutlass(d, q, config, /*flashinfer_a2a=*/true);
 }
 
+PreparedRunPtr prepare_cutlass(const DispatchOutputPtr& d, const QuantInfoPtr& q,
+                               const MoeRunnerConfig& config, bool flashinfer_a2a) {
+  return std::make_unique<TokenMajorRun>(kApi, cutlass_plan(d, q, config, flashinfer_a2a, true),
+                                         std::make_shared<ExpertWorkspace>());
+}
+
+// A StandardDispatchOutput is captured with a2a none's rules (prepared runs are keyed by dispatch
+// format, not a2a backend).
+PreparedRunPtr prepare_standard_flashinfer_cutlass(const DispatchOutputPtr& d,
+                                                   const QuantInfoPtr& q,
+                                                   const MoeRunnerConfig& config) {
+  return prepare_cutlass(d, q, config, /*flashinfer_a2a=*/false);
+}
+
+PreparedRunPtr prepare_flashinfer_flashinfer_cutlass(const DispatchOutputPtr& d,
+                                                     const QuantInfoPtr& q,
+                                                     const MoeRunnerConfig& config) {
+  return prepare_cutlass(d, q, config, /*flashinfer_a2a=*/true);
+}
+
 }  // namespace
 
 MOECORE_REGISTER_FUSED_FUNC(NONE, FLASHINFER_CUTLASS, fused_none_to_flashinfer_cutlass);
 MOECORE_REGISTER_FUSED_FUNC(FLASHINFER, FLASHINFER_CUTLASS, fused_flashinfer_to_flashinfer_cutlass);
+MOECORE_REGISTER_PREPARED_RUN(STANDARD, FLASHINFER_CUTLASS, prepare_standard_flashinfer_cutlass);
+MOECORE_REGISTER_PREPARED_RUN(FLASHINFER, FLASHINFER_CUTLASS,
+                              prepare_flashinfer_flashinfer_cutlass);
 
 }  // namespace moecore

@@ -1,6 +1,7 @@
 // Shared pieces of the FlashInfer runner backends (see flashinfer_moe_common.h). The expert MLP
 // itself is expert_compute's: scaled_gemm's canonical fp32 dot, one rounding to the activation
-// dtype after each GEMM and after the activation.
+// dtype after each GEMM and after the activation. Everything TokenMajorRun::run calls works in
+// buffers allocated by its constructor.
 #include "moecore/runner/backends/flashinfer_moe_common.h"
 
 #include <algorithm>
@@ -18,48 +19,44 @@
 #include "moecore/kernels/convert.h"
 
 namespace moecore::flashinfer_detail {
-Tensor run_routed_experts(const ExpertMlp& mlp, const RoutedTokens& local,
-                          int64_t num_local_experts, const RowLoader& load_row,
-                          ExpertWorkspace& workspace) {
-  Tensor slots = Tensor::zeros({local.num_tokens, local.top_k, mlp.hidden}, mlp.act_dtype);
-  std::lock_guard<std::mutex> lock(workspace.mutex);
-  workspace.rows.group_slots(local, num_local_experts, /*with_scale=*/false);
-  run_expert_mlp(mlp, workspace, load_row, RowScaleAt::kNone, slot_rows(slots.view()));
-  return slots;
-}
+namespace {
 
+constexpr int64_t kChunk = 512;  // values per stack chunk (a multiple of the NVFP4 block)
+
+/// Σ_j w[t, j] · slots[t, j] over valid slots in fp32, slot order, rounded once to out's dtype;
+/// then, when rsf is set, out = round(out · rsf) (sglang multiplies the finished output).
 void combine_weighted(const RoutedTokens& local, const Tensor& slots, const Tensor& out,
-                      const float* rsf) {
+                      const std::optional<float>& rsf) {
   combine_topk(local, slots.view(), /*weighted=*/true, 1.0f, out.view());
-  if (rsf == nullptr) return;
+  if (!rsf) return;
   const float factor = *rsf;
   const int64_t hidden = out.size(1);
   const DType dtype = out.dtype();
   parallel_for(out.size(0), [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(hidden));
-    for (int64_t t = begin; t < end; ++t) {
-      void* p = out.view().at({t, 0});
-      load_f32(p, dtype, hidden, row.data());
-      for (float& v : row) v *= factor;
-      store_f32(row.data(), hidden, dtype, p);
-    }
+    float row[kChunk];
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h0 = 0; h0 < hidden; h0 += kChunk) {
+        const int64_t width = std::min(kChunk, hidden - h0);
+        void* p = out.view().at({t, h0});
+        load_f32(p, dtype, width, row);
+        for (int64_t h = 0; h < width; ++h) row[h] *= factor;
+        store_f32(row, width, dtype, p);
+      }
   });
 }
 
-Tensor localize_expert_ids(const char* api, const Tensor& ids, int64_t offset, int64_t num_local,
-                           int64_t id_limit, bool allow_invalid_id) {
-  MOECORE_CHECK(ids.defined() && ids.ndim() == 2, api, ": expected topk_ids [T, k], got ",
-                ids.describe());
-  MOECORE_CHECK_DTYPE(ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64, api,
-                      ": expected topk_ids int32 or int64, got ", ids.describe());
-  const TensorView v = ids.view();
-  const int64_t rows = v.shape[0], cols = v.shape[1];
-  Tensor local = Tensor::empty({rows, cols}, DType::kI32);
-  int32_t* dst = local.ptr<int32_t>();
+/// Global ids [T, k] (i32/i64, shape checked) → local ids into dst (contiguous i32 [T, k]): id −
+/// offset when in [offset, offset + local), −1 otherwise (other ranks' experts, −1, and
+/// `id_limit` when allow_invalid_id). Ids outside [−1, id_limit) (id_limit itself allowed only
+/// with allow_invalid_id) → OutOfRange.
+void localize_expert_ids(const char* api, const TensorView& ids, int64_t offset, int64_t num_local,
+                         int64_t id_limit, bool allow_invalid_id, int32_t* dst) {
+  const int64_t rows = ids.shape[0], cols = ids.shape[1];
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t j = 0; j < cols; ++j) {
-      const int64_t off = t * v.strides[0] + j * v.strides[1];
-      const int64_t e = v.dtype == DType::kI32 ? v.ptr<int32_t>()[off] : v.ptr<int64_t>()[off];
+      const int64_t off = t * ids.strides[0] + j * ids.strides[1];
+      const int64_t e =
+          ids.dtype == DType::kI32 ? ids.ptr<int32_t>()[off] : ids.ptr<int64_t>()[off];
       const bool ok = (e >= -1 && e < id_limit) || (allow_invalid_id && e == id_limit);
       MOECORE_CHECK_INDEX(ok, api, ": expected topk_ids in [-1, ", id_limit, ")",
                           allow_invalid_id ? str_cat(" or the invalid-token id ", id_limit) : "",
@@ -67,26 +64,30 @@ Tensor localize_expert_ids(const char* api, const Tensor& ids, int64_t offset, i
       dst[t * cols + j] =
           e >= offset && e < offset + num_local ? static_cast<int32_t>(e - offset) : -1;
     }
-  return local;
 }
 
-RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tensor& topk_weights) {
-  MOECORE_CHECK_DTYPE(topk_weights.defined() && topk_weights.dtype() == DType::kF32, api,
-                      ": expected topk_weights float32, got ", topk_weights.describe());
-  MOECORE_CHECK(topk_weights.view().shape_vector() == local_ids.view().shape_vector(), api,
-                ": expected topk_weights with the shape of topk_ids ",
-                shape_string(local_ids.view().shape_vector()), ", got ", topk_weights.describe());
-  RoutedTokens r;
-  r.topk_ids = local_ids.view();
-  r.topk_weights = topk_weights.view();
-  r.num_tokens = local_ids.size(0);
-  r.top_k = local_ids.size(1);
-  MOECORE_CHECK(r.top_k >= 1, api, ": expected top_k >= 1, got ", r.top_k);
-  return r;
+/// Swizzled byte view [B, Mp, Kbp] (any strides) → linear bytes [B, rows, kb] (contiguous).
+void unswizzle_into(const TensorView& swizzled, int64_t rows, int64_t kb, uint8_t* linear) {
+  const int64_t groups = swizzled.shape[0], kbp = swizzled.shape[2];
+  const uint8_t* src = static_cast<const uint8_t*>(swizzled.data);
+  parallel_for(groups * rows, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t g = row / rows, m = row % rows;
+      for (int64_t k = 0; k < kb; ++k) {
+        const int64_t flat = nvfp4_swizzled_offset(m, k, kbp);  // in one [Mp, Kbp] matrix
+        linear[row * kb + k] = src[g * swizzled.strides[0] + flat / kbp * swizzled.strides[1] +
+                                   flat % kbp * swizzled.strides[2]];
+      }
+    }
+  });
 }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 
 FlashinferInput flashinfer_input(const char* api, const DispatchOutputPtr& dispatch,
-                                 bool flashinfer_a2a, bool require_standard_topk) {
+                                 bool flashinfer_a2a, bool require_standard_topk, bool capture) {
   FlashinferInput in;
   const TopKOutput* topk = nullptr;
   if (auto* s = dynamic_cast<const StandardDispatchOutput*>(dispatch.get())) {
@@ -110,7 +111,22 @@ FlashinferInput flashinfer_input(const char* api, const DispatchOutputPtr& dispa
     MOECORE_ASSERT(std::holds_alternative<StandardTopKOutput>(*topk), api,
                    ": CuteDSL requires a standard top-k output (TopKOutputChecker."
                    "format_is_standard), got a bypassed one");
-  in.topk = to_standard(*topk);
+  const auto* bypassed = std::get_if<BypassedTopKOutput>(topk);
+  if (!capture || bypassed == nullptr) {
+    in.topk = to_standard(*topk);
+    return in;
+  }
+  // Routed at every run into buffers of the shape select_experts returns; PreparedRouting
+  // validates the logits and the config before these sizes matter.
+  const Tensor& logits = bypassed->router_logits;
+  const int64_t rows = logits.defined() && logits.ndim() == 2 ? logits.size(0) : 0;
+  const int64_t top_k = std::max<int64_t>(bypassed->topk_config.top_k, 0);
+  in.topk.topk_weights = Tensor::empty({rows, top_k}, DType::kF32);
+  in.topk.topk_ids = Tensor::empty({rows, top_k}, DType::kI32);
+  in.topk.router_logits = logits;
+  in.routing = std::make_shared<PreparedRouting>(bypassed->topk_config, logits,
+                                                 in.topk.topk_weights, in.topk.topk_ids);
+  in.routed_rows = bypassed->num_token_non_padded.value_or(rows);
   return in;
 }
 
@@ -126,8 +142,8 @@ Tensor flashinfer_output_buffer(const char* api, const FlashinferInput& in, int6
                       ", got ", o.describe());
   MOECORE_CHECK(o.view().shape_vector() == std::vector<int64_t>({tokens, hidden}) &&
                     o.view().is_contiguous() && o.view().writable,
-                api, ": expected a contiguous, writable moe_output [", tokens, ", ", hidden, "], got ",
-                o.describe());
+                api, ": expected a contiguous, writable moe_output [", tokens, ", ", hidden,
+                "], got ", o.describe());
   return o;
 }
 
@@ -138,13 +154,83 @@ CombineInputPtr flashinfer_combine_input(const FlashinferInput& in, Tensor out) 
 
 // ---------------------------------------------------------------------------------------------
 
+Nvfp4InputScales::Nvfp4InputScales(Tensor linear) : source_(linear), linear_(std::move(linear)) {}
+
+Nvfp4InputScales::Nvfp4InputScales(const TensorView& swizzled, Tensor source, int64_t rows,
+                                   int64_t kb)
+    : source_(std::move(source)),
+      swizzled_(swizzled),
+      linear_(Tensor::empty({rows, kb}, DType::kF8E4M3)) {}
+
+void Nvfp4InputScales::refresh(const char* api) {
+  if (swizzled_)
+    unswizzle_into(*swizzled_, linear_.size(0), linear_.size(1), linear_.ptr<uint8_t>());
+  check_block_scale_bytes(api, "hidden_states_scale", linear_.view());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TokenMajorRun::TokenMajorRun(const char* api, TokenMajorPlan plan,
+                             std::shared_ptr<ExpertWorkspace> workspace)
+    : PreparedRun(nullptr), api_(api), plan_(std::move(plan)), workspace_(std::move(workspace)) {
+  const FlashinferInput& in = plan_.input;
+  const Tensor& ids = in.topk.topk_ids;
+  MOECORE_CHECK(ids.defined() && ids.ndim() == 2, api, ": expected topk_ids [T, k], got ",
+                ids.describe());
+  MOECORE_CHECK_DTYPE(ids.dtype() == DType::kI32 || ids.dtype() == DType::kI64, api,
+                      ": expected topk_ids int32 or int64, got ", ids.describe());
+  const Tensor& weights = in.topk.topk_weights;
+  MOECORE_CHECK_DTYPE(weights.defined() && weights.dtype() == DType::kF32, api,
+                      ": expected topk_weights float32, got ", weights.describe());
+  MOECORE_CHECK(weights.view().shape_vector() == ids.view().shape_vector(), api,
+                ": expected topk_weights with the shape of topk_ids ",
+                shape_string(ids.view().shape_vector()), ", got ", weights.describe());
+  const int64_t num_tokens = ids.size(0), top_k = ids.size(1);
+  MOECORE_CHECK(top_k >= 1, api, ": expected top_k >= 1, got ", top_k);
+  MOECORE_CHECK(num_tokens == in.hidden_states.size(0), api, ": expected topk_ids with ",
+                in.hidden_states.size(0), " rows (one per token), got ", ids.describe());
+  local_ids_ = Tensor::empty({num_tokens, top_k}, DType::kI32);
+  tokens_.topk_ids = local_ids_.view();
+  tokens_.topk_weights = weights.view();
+  tokens_.num_tokens = num_tokens;
+  tokens_.top_k = top_k;
+
+  const ExpertMlp& mlp = plan_.mlp;
+  out_ = flashinfer_output_buffer(api, in, num_tokens, mlp.hidden, mlp.act_dtype);
+  combine_input_ = flashinfer_combine_input(in, out_);
+  slots_ = Tensor::empty({num_tokens, top_k, mlp.hidden}, mlp.act_dtype);
+  std::lock_guard<std::mutex> lock(workspace_->mutex);  // a shared workspace may be in use
+  workspace_->reserve(mlp, num_tokens * top_k);
+}
+
+void TokenMajorRun::run() {
+  const FlashinferInput& in = plan_.input;
+  if (in.routing) in.routing->run(in.routed_rows);
+  if (plan_.input_scales) plan_.input_scales->refresh(api_);
+  localize_expert_ids(api_, in.topk.topk_ids.view(), plan_.expert_offset, plan_.num_local_experts,
+                      plan_.id_limit, plan_.allow_invalid_id, local_ids_.ptr<int32_t>());
+  if (tokens_.num_tokens == 0) return;  // R9: no kernel for empty input
+  {
+    ExpertWorkspace& ws = *workspace_;
+    std::lock_guard<std::mutex> lock(ws.mutex);
+    ws.rows.group_slots(tokens_, plan_.num_local_experts, /*with_scale=*/false);
+    run_expert_mlp(plan_.mlp, ws, plan_.load_row, RowScaleAt::kNone, slot_rows(slots_.view()));
+  }
+  combine_weighted(tokens_, slots_, out_, plan_.routed_scaling_factor);
+}
+
+// ---------------------------------------------------------------------------------------------
+
 ActivationQuantizer nvfp4_quantizer(float global_scale) {
   return [global_scale](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
-    std::vector<uint8_t> q(static_cast<size_t>(k / 2)), sf(static_cast<size_t>(k / 16));
+    uint8_t q[kChunk / 2], sf[kChunk / kNvfp4BlockSize];
     for (int64_t r = 0; r < m; ++r) {
       float* row = rows + r * ld;
-      nvfp4_quantize_row(row, k, global_scale, q.data(), sf.data());
-      nvfp4_code_values_row(q.data(), sf.data(), k, row);
+      for (int64_t c = 0; c < k; c += kChunk) {  // blocks are independent: chunks change nothing
+        const int64_t n = std::min(kChunk, k - c);
+        nvfp4_quantize_row(row + c, n, global_scale, q, sf);
+        nvfp4_code_values_row(q, sf, n, row + c);
+      }
       scales[r] = 1.0f;
     }
   };
@@ -152,12 +238,15 @@ ActivationQuantizer nvfp4_quantizer(float global_scale) {
 
 ActivationQuantizer fp8_multiply_quantizer(float multiplier) {
   return [multiplier](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
-    std::vector<uint8_t> q(static_cast<size_t>(k));
+    uint8_t q[kChunk];
     const float* table = fp8_e4m3_table();
     for (int64_t r = 0; r < m; ++r) {
       float* row = rows + r * ld;
-      fp8_quantize_row_mul(row, k, multiplier, q.data());
-      for (int64_t i = 0; i < k; ++i) row[i] = table[q[i]];
+      for (int64_t c = 0; c < k; c += kChunk) {
+        const int64_t n = std::min(kChunk, k - c);
+        fp8_quantize_row_mul(row + c, n, multiplier, q);
+        for (int64_t i = 0; i < n; ++i) row[c + i] = table[q[i]];
+      }
       scales[r] = 1.0f;
     }
   };
@@ -235,14 +324,21 @@ TensorView scale_bytes(const char* api, const char* what, const Tensor& t) {
 
 }  // namespace
 
-Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swizzled, int64_t e,
-                            int64_t rows, int64_t kb) {
+TensorView swizzled_scale_bytes(const char* api, const char* what, const Tensor& swizzled,
+                                int64_t e, int64_t rows, int64_t kb) {
   const TensorView v = scale_bytes(api, what, swizzled);
   const int64_t mp = (rows + 127) / 128 * 128, kbp = (kb + 3) / 4 * 4;
   MOECORE_CHECK(v.ndim == 3 && v.shape[0] == e && v.shape[1] == mp && v.shape[2] == kbp, api,
                 ": expected ", what, " 128x4-swizzled [", e, ", ", mp, ", ", kbp, "] (rows ", rows,
                 ", K/16 = ", kb, "), got ", swizzled.describe());
-  Tensor linear = unswizzle_nvfp4_scales(v, rows, kb);
+  return v;
+}
+
+Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swizzled, int64_t e,
+                            int64_t rows, int64_t kb) {
+  const TensorView v = swizzled_scale_bytes(api, what, swizzled, e, rows, kb);
+  Tensor linear = Tensor::empty({e, rows, kb}, DType::kF8E4M3);
+  unswizzle_into(v, rows, kb, linear.ptr<uint8_t>());
   check_block_scale_bytes(api, what, linear.view());
   return linear;
 }

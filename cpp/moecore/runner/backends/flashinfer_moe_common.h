@@ -1,14 +1,17 @@
-// Shared pieces of the FlashInfer runner backends (flashinfer_cutlass, flashinfer_cutedsl):
-// activation quantizers (NVFP4, FP8 static),
-// global → local expert ids, the (token, slot) loop and argument checks. Not a public API: only
-// the backend files include it. Nothing here may read process-wide state or depend on the thread
-// count (static schedule, per-row math).
+// Shared pieces of the FlashInfer runner backends (flashinfer_cutlass, flashinfer_cutedsl): the
+// token-major run both fused funcs are (global → local expert ids, the routed expert MLP, the
+// weighted top-k combine), prepared once and replayed without allocating; activation quantizers
+// (NVFP4, FP8 static); NVFP4 input scales and argument checks. Not a public API: only the backend
+// files include it. Nothing here may read process-wide state or depend on the thread count
+// (static schedule, per-row math).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "moecore/core/tensor.h"
 #include "moecore/dispatch/types.h"
@@ -16,33 +19,13 @@
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/runner/expert_compute.h"
+#include "moecore/runner/prepared.h"
 
 namespace moecore::flashinfer_detail {
 
-/// Loads token t's GEMM1 input row (H fp32 values) into dst.
+/// Loads token t's GEMM1 input row (H fp32 values) into dst. Built at prepare (it may allocate
+/// then); calling it never allocates.
 using RowLoader = std::function<void(int64_t t, float* dst)>;
-
-/// Runs every (token, slot) with a local id ≥ 0 through its expert and returns the slot outputs
-/// [T, k, H] in mlp.act_dtype (zeros for slots with id −1). Rows are grouped by expert
-/// (moe_align_block_size order) and run on expert_compute's static schedule in `workspace`
-/// (the calling fused func's, reused across calls).
-Tensor run_routed_experts(const ExpertMlp& mlp, const RoutedTokens& local,
-                          int64_t num_local_experts, const RowLoader& load_row,
-                          ExpertWorkspace& workspace);
-
-/// Σ_j w[t, j] · slots[t, j] over valid slots in fp32, slot order, rounded once to out's dtype;
-/// then, when rsf is set, out = round(out · rsf) (sglang multiplies the finished output).
-void combine_weighted(const RoutedTokens& local, const Tensor& slots, const Tensor& out,
-                      const float* rsf);
-
-/// Validated global ids → local ids i32 [T, k]: id − offset when in [offset, offset + local),
-/// −1 otherwise (other ranks' experts, −1, and `invalid_id` when allow_invalid_id). Ids outside
-/// [−1, id_limit) (id_limit itself allowed only with allow_invalid_id) → OutOfRange.
-Tensor localize_expert_ids(const char* api, const Tensor& topk_ids, int64_t offset,
-                           int64_t num_local, int64_t id_limit, bool allow_invalid_id);
-
-/// RoutedTokens over already-validated local ids and the top-k weights (x is not used).
-RoutedTokens routed_tokens(const char* api, const Tensor& local_ids, const Tensor& topk_weights);
 
 /// What the FlashInfer fused funcs read from their dispatch output: a StandardDispatchOutput
 /// (a2a none, or the flashinfer dispatcher's BF16 extend fallback through its internal
@@ -54,12 +37,17 @@ struct FlashinferInput {
   Tensor moe_output;                  // where the result goes when defined (flashinfer only)
   std::optional<DType> output_dtype;  // the dispatch output's output_dtype (flashinfer only)
   bool flashinfer_format = false;     // a FlashinferDispatchOutput
+  /// A captured bypassed top-k: routes the current router logits into topk's tensors (allocated
+  /// at prepare) for rows [0, routed_rows) before each run. Null otherwise.
+  std::shared_ptr<PreparedRouting> routing;
+  int64_t routed_rows = 0;
 };
 /// Accepts a FlashinferDispatchOutput only when flashinfer_a2a; a StandardDispatchOutput always.
 /// `require_standard_topk`: a bypassed top-k is an AssertionError (CuteDSL) instead of being
-/// materialised with to_standard() (R8).
+/// materialised (R8): with to_standard() now, or — when `capture` — by `routing` at every run
+/// (a custom routing function cannot be captured: Unsupported).
 FlashinferInput flashinfer_input(const char* api, const DispatchOutputPtr& dispatch,
-                                 bool flashinfer_a2a, bool require_standard_topk);
+                                 bool flashinfer_a2a, bool require_standard_topk, bool capture);
 /// The [T, H] buffer of `dtype` the combine writes: the validated moe_output (contiguous, that
 /// dtype and shape, checked before anything runs) or a new tensor.
 Tensor flashinfer_output_buffer(const char* api, const FlashinferInput& in, int64_t tokens,
@@ -67,9 +55,73 @@ Tensor flashinfer_output_buffer(const char* api, const FlashinferInput& in, int6
 /// FlashinferCombineInput for a FlashinferDispatchOutput, StandardCombineInput otherwise.
 CombineInputPtr flashinfer_combine_input(const FlashinferInput& in, Tensor out);
 
+/// The block scales of a pre-quantized NVFP4 input as GEMM1's loader reads them: linear e4m3
+/// bytes [T, H/16]. Linear scales (the flashinfer dispatcher's) are read in place; 128×4-swizzled
+/// ones (the FP4 all-gather's) are copied by refresh() into a linear buffer allocated here. The
+/// caller validated dtypes and shapes; refresh() checks the current bytes (finite, ≥ 0) and
+/// throws InvalidArgument before the loader reads any of them.
+class Nvfp4InputScales {
+ public:
+  /// Linear scales, contiguous [rows, kb] of 1-byte elements.
+  explicit Nvfp4InputScales(Tensor linear);
+  /// A byte view of swizzled scales [1, Mp, Kbp] (swizzled_scale_bytes) whose storage `source`
+  /// keeps alive.
+  Nvfp4InputScales(const TensorView& swizzled, Tensor source, int64_t rows, int64_t kb);
+  void refresh(const char* api);
+  const uint8_t* bytes() const { return linear_.ptr<uint8_t>(); }
+
+ private:
+  Tensor source_;  // the scales as given (kept alive)
+  std::optional<TensorView> swizzled_;
+  Tensor linear_;  // source_ itself when linear
+};
+
+/// A token-major FlashInfer fused func (flashinfer_cutlass; flashinfer_cutedsl v2), resolved by
+/// its backend file: everything computed from weights and config alone is done here.
+struct TokenMajorPlan {
+  DispatchOutputPtr dispatch;  // keeps the dispatch output alive
+  FlashinferInput input;
+  QuantInfoPtr quant_info;  // keeps the weights alive
+  ExpertMlp mlp;            // quantizers included; act_dtype is the output dtype
+  RowLoader load_row;
+  std::optional<Nvfp4InputScales> input_scales;  // a pre-quantized input's, read by load_row
+  std::vector<Tensor> keep_alive;                // linear weight block scales mlp points into
+  /// Global id e is local expert e − expert_offset when in [expert_offset, + num_local_experts);
+  /// ids must be in [−1, id_limit), or == id_limit (the invalid-token id) when allow_invalid_id.
+  int64_t expert_offset = 0, num_local_experts = 0, id_limit = 0;
+  bool allow_invalid_id = false;
+  /// Multiplies the finished output (one more rounding) when set.
+  std::optional<float> routed_scaling_factor;
+};
+
+/// A TokenMajorPlan prepared for its dispatch output's shapes. Each run(): routes a captured
+/// bypassed top-k, checks the input scales and localizes the ids (OutOfRange for ids outside
+/// their range, before anything is written), runs every (token, slot) with a local id ≥ 0
+/// through its expert (moe_align_block_size order, expert_compute's static schedule), and writes
+/// out[t] = round(Σ_j w[t, j] · y[t, j]) in fp32, slot order — then × routed_scaling_factor —
+/// into the output (moe_output when given). Empty input runs nothing (R9). The eager fused
+/// funcs construct one and run it once, so both give the same bits by construction.
+class TokenMajorRun final : public PreparedRun {
+ public:
+  /// `workspace`: the prepared run's own, or the fused funcs' shared one (calls take turns).
+  TokenMajorRun(const char* api, TokenMajorPlan plan, std::shared_ptr<ExpertWorkspace> workspace);
+  void run() override;
+
+ private:
+  const char* api_;
+  TokenMajorPlan plan_;
+  Tensor local_ids_;  // i32 [T, k]
+  RoutedTokens tokens_;
+  Tensor slots_;  // [T, k, H] of the act dtype; rows of slots with id −1 are never read
+  Tensor out_;
+  std::shared_ptr<ExpertWorkspace> workspace_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Activation quantizers (ActivationQuantizer callbacks; one scale per row, always 1.0). The
-// arithmetic is formats' (moecore/formats/quantize.h); these only adapt it to the callback.
+// arithmetic is formats' (moecore/formats/quantize.h); these only adapt it to the callback. Their
+// functors hold one float, so a std::function stores them inline, and they work in fixed stack
+// chunks: calling one never allocates.
 
 /// NVFP4 with a fp32 global scale gs: formats' nvfp4_quantize_row (sgl-kernel's NVFP4 quant
 /// kernel, spec §7.2); the row is replaced by nvfp4_code_values_row, the exact values
@@ -94,7 +146,10 @@ void check_packed_fp4(const char* api, const char* what, const Tensor& t, int64_
 /// Every e4m3 block-scale byte finite and ≥ 0 (codes 0x00–0x7e).
 void check_block_scale_bytes(const char* api, const char* what, const TensorView& linear);
 /// 128×4-swizzled block scales [E, ⌈rows/128⌉·128, ⌈kb/4⌉·4] (kF8E4M3 or kU8; kI32 with the
-/// last dim /4, as sglang's .view(torch.int32)) → validated linear kF8E4M3 [E, rows, kb].
+/// last dim /4, as sglang's .view(torch.int32)) → their byte view (dtype and shape checked).
+TensorView swizzled_scale_bytes(const char* api, const char* what, const Tensor& swizzled,
+                                int64_t e, int64_t rows, int64_t kb);
+/// swizzled_scale_bytes, then → validated linear kF8E4M3 [E, rows, kb] (a new tensor).
 Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swizzled, int64_t e,
                             int64_t rows, int64_t kb);
 /// MMA view (6-d logical (32, 4, m_tiles, 4, k_tiles, E), any strides) → validated linear

@@ -1,6 +1,9 @@
 // Runner backend "flashinfer_mxfp4" (sglang moe_runner/flashinfer_mxfp4.py): FlashInfer's SM90
 // cutlass_fused_moe(use_w4_group_scaling=True), W4A16 MXFP4, for GPT-OSS and DSv4 experts.
-// Registers: fused func (none, flashinfer_mxfp4) only — fused-only, no runner core, no permutes.
+// Registers: fused func (none, flashinfer_mxfp4) and its prepared run (standard,
+// flashinfer_mxfp4) — fused-only, no runner core, no permutes. The fused func is that prepared
+// run built and run once, so both give the same bits by construction; only a prepared run
+// deinterleaves the weights once up front (a copy of the packed bytes) instead of per tile.
 // Payload: FlashInferMxfp4CutlassMoeQuantInfo (anything else is a TypeError).
 //
 // Numeric contract (per (token, slot) routed to a local expert e; N = fc1 half width, K = hidden):
@@ -18,16 +21,20 @@
 //     once here. routed_scaling_factor is NOT applied (sglang passes none to the kernel; layers
 //     fold it into the top-k weights). Output bf16 [T, K], trimmed by the fused func.
 // The fused func: R9 (T = 0 returns hidden_states unchanged after validating the payload, no
-// kernel), R8 (bypassed top-k → to_standard()), zero-pads x on the right to padded_hidden when
-// set and different, trims the bf16 output back to the input's width (a contiguous copy). tp
-// size/rank do not change a rank's math (weights arrive sharded; the caller reduces); ids are
-// global, only [ep_rank·E, (ep_rank+1)·E) count. R15: apply_router_weight_on_input is rejected.
+// kernel), R8 (bypassed top-k → to_standard(); a prepared run rejects it, as it would route on
+// every call), zero-pads x on the right to padded_hidden when set and different, and finalizes
+// only the input's width into a [T, H] output (the trim). tp size/rank do not change a rank's
+// math (weights arrive sharded; the caller reduces); ids are global, only
+// [ep_rank·E, (ep_rank+1)·E) count. R15: apply_router_weight_on_input is rejected.
 // Deviations from sglang: activations other than gated silu and no_combine are rejected (sglang's
 // kernel would silently run SwiGLU and sum); E8M0 0xFF scales are errors, not NaN outputs.
 #include "moecore/runner/backends/flashinfer_mxfp4.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
+#include <variant>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -82,10 +89,32 @@ void check_vector(const Tensor& t, const char* name, DType dtype,
                 ": expected contiguous ", name, " ", shape_string(shape), ", got ", t.describe());
 }
 
-/// Validated geometry of a call.
-struct Geometry {
-  int64_t experts = 0, n = 0, k = 0, tokens = 0, top_k = 0;
-  bool swiglu = false;
+/// One SM90 MXFP4 weight of the MLP: packed e2m1 [E, R, C/2] in the SM90-interleaved order with
+/// folded E8M0 scales [E, R/64, C/128, 16, 16]. `plain`, when set, holds the same bytes
+/// deinterleaved ([E, R, C/2] row-major, owned by a prepared run); when null, each tile is
+/// deinterleaved as it is decoded.
+struct Sm90Weight {
+  TensorView packed, folded_scale;
+  const char* scale_name = "";
+  const uint8_t* plain = nullptr;
+};
+
+/// The validated payload of a call: everything that depends on the weights alone, as views of
+/// the caller's tensors (which must outlive it), and the kernel row.
+struct Mxfp4Moe {
+  int64_t experts = 0, n = 0, k = 0;
+  int64_t first_expert = 0, global_experts = 0;  // this EP rank owns ids [first, first + E)
+  Sm90Weight w13, w2;
+  TensorView w13_bias, w2_bias;  // bf16 [E, 2N] and [E, K]; data == nullptr when absent
+  TensorView swiglu_alpha, swiglu_beta, swiglu_limit;  // f32 [E]; data == nullptr when absent
+  ScaledGemmFn gemm = nullptr;
+};
+
+/// The validated shapes of a call's tokens; the id values are checked by run_moe on every call.
+struct Mxfp4Tokens {
+  TensorView x;             // bf16 [T, K], rows contiguous
+  TensorView ids, weights;  // i32/i64 [T, k] and f32 [T, k]
+  int64_t tokens = 0, top_k = 0;
 };
 
 int64_t raw_id(const TensorView& ids, int64_t t, int64_t j) {
@@ -93,51 +122,66 @@ int64_t raw_id(const TensorView& ids, int64_t t, int64_t j) {
   return ids.dtype == DType::kI32 ? ids.ptr<int32_t>()[off] : ids.ptr<int64_t>()[off];
 }
 
-Geometry check_args(const Mxfp4CutlassMoeArgs& a) {
-  Geometry g;
+TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
+
+Mxfp4Moe check_moe(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
   MOECORE_CHECK(a.w13.defined() && a.w2.defined(), kApi,
                 ": fc1_expert_weights and fc2_expert_weights are required");
   MOECORE_CHECK(a.w13.ndim() == 3 && a.w2.ndim() == 3, kApi,
                 ": expected w13_weight [E, 2N, K/2] and w2_weight [E, K, N/2], got ",
                 a.w13.describe(), " and ", a.w2.describe());
-  g.experts = a.w13.size(0);
-  g.n = a.w13.size(1) / 2;
-  g.k = a.w13.size(2) * 2;
-  MOECORE_CHECK(g.experts > 0 && g.n > 0 && g.k > 0 && a.w13.size(1) % 2 == 0, kApi,
+  Mxfp4Moe m;
+  m.experts = a.w13.size(0);
+  m.n = a.w13.size(1) / 2;
+  m.k = a.w13.size(2) * 2;
+  MOECORE_CHECK(m.experts > 0 && m.n > 0 && m.k > 0 && a.w13.size(1) % 2 == 0, kApi,
                 ": expected w13_weight [E, 2N, K/2] with E, N, K > 0, got ", a.w13.describe());
-  MOECORE_CHECK(g.n % kSm90Align == 0 && g.k % kSm90Align == 0, kApi,
+  MOECORE_CHECK(m.n % kSm90Align == 0 && m.k % kSm90Align == 0, kApi,
                 ": expected N and K multiples of 128 (the SM90 mixed-GEMM layout; pad with the "
                 "quant method), got N = ",
-                g.n, ", K = ", g.k);
-  check_packed(a.w13, "w13_weight", {g.experts, 2 * g.n, g.k / 2});
-  check_packed(a.w2, "w2_weight", {g.experts, g.k, g.n / 2});
-  check_folded_scale(a.w13_scale, "w13_weight_scale", g.experts, 2 * g.n, g.k);
-  check_folded_scale(a.w2_scale, "w2_weight_scale", g.experts, g.k, g.n);
-  check_vector(a.w13_bias, "w13_bias", DType::kBF16, {g.experts, 2 * g.n});
-  check_vector(a.w2_bias, "w2_bias", DType::kBF16, {g.experts, g.k});
+                m.n, ", K = ", m.k);
+  check_packed(a.w13, "w13_weight", {m.experts, 2 * m.n, m.k / 2});
+  check_packed(a.w2, "w2_weight", {m.experts, m.k, m.n / 2});
+  check_folded_scale(a.w13_scale, "w13_weight_scale", m.experts, 2 * m.n, m.k);
+  check_folded_scale(a.w2_scale, "w2_weight_scale", m.experts, m.k, m.n);
+  check_vector(a.w13_bias, "w13_bias", DType::kBF16, {m.experts, 2 * m.n});
+  check_vector(a.w2_bias, "w2_bias", DType::kBF16, {m.experts, m.k});
   const int given = a.swiglu_alpha.defined() + a.swiglu_beta.defined() + a.swiglu_limit.defined();
   MOECORE_CHECK(given == 0 || given == 3, kApi,
                 ": swiglu_alpha, swiglu_beta and swiglu_limit go together (all or none), got ",
                 given, " of 3");
-  g.swiglu = given == 3;
-  check_vector(a.swiglu_alpha, "swiglu_alpha", DType::kF32, {g.experts});
-  check_vector(a.swiglu_beta, "swiglu_beta", DType::kF32, {g.experts});
-  check_vector(a.swiglu_limit, "swiglu_limit", DType::kF32, {g.experts});
+  check_vector(a.swiglu_alpha, "swiglu_alpha", DType::kF32, {m.experts});
+  check_vector(a.swiglu_beta, "swiglu_beta", DType::kF32, {m.experts});
+  check_vector(a.swiglu_limit, "swiglu_limit", DType::kF32, {m.experts});
   MOECORE_CHECK(a.tp_size >= 1 && a.ep_size >= 1, kApi, ": expected tp_size, ep_size >= 1, got ",
                 a.tp_size, " and ", a.ep_size);
   MOECORE_CHECK_INDEX(
       a.tp_rank >= 0 && a.tp_rank < a.tp_size && a.ep_rank >= 0 && a.ep_rank < a.ep_size, kApi,
       ": rank out of range (tp ", a.tp_rank, "/", a.tp_size, ", ep ", a.ep_rank, "/", a.ep_size,
       ")");
+  m.first_expert = a.ep_rank * m.experts;
+  m.global_experts = m.experts * a.ep_size;
+  m.w13 = {a.w13.view(), a.w13_scale.view(), "w13_weight_scale"};
+  m.w2 = {a.w2.view(), a.w2_scale.view(), "w2_weight_scale"};
+  m.w13_bias = view_or_none(a.w13_bias);
+  m.w2_bias = view_or_none(a.w2_bias);
+  m.swiglu_alpha = view_or_none(a.swiglu_alpha);
+  m.swiglu_beta = view_or_none(a.swiglu_beta);
+  m.swiglu_limit = view_or_none(a.swiglu_limit);
+  m.gemm = scaled_gemm_kernel(level);
+  return m;
+}
 
+Mxfp4Tokens check_tokens(const Mxfp4Moe& m, const Mxfp4CutlassMoeArgs& a) {
   const Tensor& x = a.input;
   MOECORE_CHECK(x.defined(), kApi, ": input is required");
   MOECORE_CHECK_DTYPE(x.dtype() == DType::kBF16, kApi,
                       ": expected input bf16 (W4A16: bf16 activations), got ", x.describe());
-  MOECORE_CHECK(x.ndim() == 2 && x.size(1) == g.k, kApi, ": expected input [T, ", g.k,
+  MOECORE_CHECK(x.ndim() == 2 && x.size(1) == m.k, kApi, ": expected input [T, ", m.k,
                 "] (the weights' K; pad it first), got ", x.describe());
   MOECORE_CHECK(x.view().rows_contiguous(), kApi, ": input rows must be contiguous");
-  g.tokens = x.size(0);
+  Mxfp4Tokens in;
+  in.tokens = x.size(0);
   const Tensor& ids = a.topk_ids;
   const Tensor& wts = a.topk_weights;
   MOECORE_CHECK(ids.defined() && wts.defined(), kApi, ": topk_ids and topk_weights are required");
@@ -145,31 +189,101 @@ Geometry check_args(const Mxfp4CutlassMoeArgs& a) {
                       ": topk_ids must be int32 or int64, got ", ids.describe());
   MOECORE_CHECK_DTYPE(wts.dtype() == DType::kF32, kApi, ": topk_weights must be float32, got ",
                       wts.describe());
-  MOECORE_CHECK(ids.ndim() == 2 && ids.size(0) == g.tokens && ids.size(1) >= 1, kApi,
-                ": expected topk_ids [", g.tokens, ", k] with k >= 1, got ", ids.describe());
+  MOECORE_CHECK(ids.ndim() == 2 && ids.size(0) == in.tokens && ids.size(1) >= 1, kApi,
+                ": expected topk_ids [", in.tokens, ", k] with k >= 1, got ", ids.describe());
   MOECORE_CHECK(wts.view().shape_vector() == ids.view().shape_vector(), kApi,
                 ": topk_weights shape must equal topk_ids', got ", wts.describe(), " and ",
                 ids.describe());
-  g.top_k = ids.size(1);
-  const int64_t global = g.experts * a.ep_size;
-  for (int64_t t = 0; t < g.tokens; ++t)
-    for (int64_t j = 0; j < g.top_k; ++j) {
-      const int64_t e = raw_id(ids.view(), t, j);
-      MOECORE_CHECK_INDEX(e >= -1 && e < global, kApi, ": topk_ids must be in [-1, ", global,
-                          ") (E·ep_size), got ", e, " at [", t, ", ", j, "]");
-    }
-  return g;
+  in.top_k = ids.size(1);
+  in.x = x.view();
+  in.ids = ids.view();
+  in.weights = wts.view();
+  return in;
 }
 
-/// Decodes rows [r0, r0 + kTile) of expert e of an SM90-interleaved weight [E, R, C/2] with
-/// folded scales [E, R/64, C/128, 16, 16] into out [kTile, C] fp32 (exact values).
-void decode_tile(const TensorView& w, const TensorView& s, const char* scale_name, int64_t e,
-                 int64_t r0, float* out) {
-  const int64_t rows = w.shape[1], c = w.shape[2] * 2;
-  const Tensor bytes =
-      deinterleave_moe_weights_for_sm90_mixed_gemm(w.narrow(0, e, 1).narrow(1, r0, kTile), "fp4");
-  const uint8_t* packed = bytes.ptr<uint8_t>();
-  const uint8_t* folded = static_cast<const uint8_t*>(s.data);
+/// The data-dependent check, before any work: every id in [-1, E·ep_size).
+void check_ids(const Mxfp4Moe& m, const Mxfp4Tokens& in) {
+  for (int64_t t = 0; t < in.tokens; ++t)
+    for (int64_t j = 0; j < in.top_k; ++j) {
+      const int64_t e = raw_id(in.ids, t, j);
+      MOECORE_CHECK_INDEX(e >= -1 && e < m.global_experts, kApi, ": topk_ids must be in [-1, ",
+                          m.global_experts, ") (E·ep_size), got ", e, " at [", t, ", ", j, "]");
+    }
+}
+
+/// A decoded tile as the kernel row's weight operand: dense f32 [1, kTile, k] (one "expert").
+WeightOperand tile_operand(float* tile, int64_t k) {
+  WeightOperand w;
+  w.data.data = tile;
+  w.data.dtype = DType::kF32;
+  w.data.ndim = 3;
+  w.data.shape[0] = 1;
+  w.data.shape[1] = kTile;
+  w.data.shape[2] = k;
+  fill_contiguous_strides(w.data);
+  w.num_experts = 1;
+  w.n = kTile;
+  w.k = k;
+  return w;
+}
+
+/// Every buffer run_moe writes, for calls of up to max_slots (token, slot) pairs: reserve
+/// allocates them once, so that run_moe allocates nothing. Parallel loops run over `parts`
+/// (one per pool thread at reserve time), so each part's buffers have one user at a time.
+struct Mxfp4Workspace {
+  struct Part {
+    std::vector<float> tile;       // one decoded weight tile [kTile, max(K, N)]
+    std::vector<float> tile_bias;  // its bias [kTile]
+    std::vector<float> acc, b2;    // finalize: one token's fp32 sum and one expert's b2, [K]
+    GemmScratch scratch;           // the kernel row's working memory
+  };
+  std::vector<int64_t> offsets, cursor, row_of_slot, expert_of_row, items;
+  std::vector<float> a1, h1, h2, y;
+  std::vector<Part> parts;
+  int64_t max_slots = 0;
+
+  void reserve(const Mxfp4Moe& m, int64_t slots) {
+    const auto size = [](int64_t n) { return static_cast<size_t>(n); };
+    max_slots = slots;
+    offsets.resize(size(m.experts + 1));
+    cursor.resize(size(m.experts));
+    row_of_slot.resize(size(slots));
+    expert_of_row.resize(size(slots));
+    items.resize(size(m.experts * std::max(2 * m.n, m.k) / kTile));
+    a1.resize(size(slots * m.k));
+    h1.resize(size(slots * 2 * m.n));
+    h2.resize(size(slots * m.n));
+    y.resize(size(slots * m.k));
+    const size_t scratch = std::max(gemm_scratch_bytes(m.gemm, tile_operand(nullptr, m.k)),
+                                    gemm_scratch_bytes(m.gemm, tile_operand(nullptr, m.n)));
+    parts.resize(size(ThreadPool::instance().num_threads()));
+    for (Part& p : parts) {
+      p.tile.resize(size(kTile * std::max(m.k, m.n)));
+      p.tile_bias.resize(size(kTile));
+      p.acc.resize(size(m.k));
+      p.b2.resize(size(m.k));
+      p.scratch.bytes.resize(scratch);
+    }
+  }
+};
+
+/// The first of the `count` items that part p of `parts` runs (contiguous, near-equal runs).
+int64_t part_begin(int64_t count, int64_t parts, int64_t p) { return count * p / parts; }
+
+/// Decodes rows [r0, r0 + kTile) of expert e of an SM90-interleaved weight into out [kTile, C]
+/// fp32 (exact values). Allocates only when the weight has no deinterleaved copy.
+void decode_tile(const Sm90Weight& w, int64_t e, int64_t r0, float* out) {
+  const int64_t rows = w.packed.shape[1], c = w.packed.shape[2] * 2;
+  Tensor deinterleaved;  // this tile alone, when there is no `plain` copy
+  const uint8_t* packed = nullptr;
+  if (w.plain != nullptr) {
+    packed = w.plain + (e * rows + r0) * (c / 2);
+  } else {
+    deinterleaved = deinterleave_moe_weights_for_sm90_mixed_gemm(
+        w.packed.narrow(0, e, 1).narrow(1, r0, kTile), "fp4");
+    packed = deinterleaved.ptr<uint8_t>();
+  }
+  const uint8_t* folded = static_cast<const uint8_t*>(w.folded_scale.data);
   const int64_t kb128 = c / kSm90Align, gpk = kSm90Align / kMxBlock;
   const int64_t tile_base = (e * (rows / kSm90ScaleRowTile) + r0 / kSm90ScaleRowTile) * kb128;
   for (int64_t i = 0; i < kTile; ++i) {
@@ -179,7 +293,7 @@ void decode_tile(const TensorView& w, const TensorView& s, const char* scale_nam
     for (int64_t b = 0; b < c / kMxBlock; ++b) {
       const uint8_t code = folded[((tile_base + b / gpk) * kSm90ScaleFoldedM + f) * kSm90ScaleCols +
                                   slice * gpk + b % gpk];
-      MOECORE_CHECK(code != kE8M0NaN, kApi, ": ", scale_name,
+      MOECORE_CHECK(code != kE8M0NaN, kApi, ": ", w.scale_name,
                     " holds the E8M0 NaN code 0xFF (expert ", e, ", row ", r0 + i, ", K block ", b,
                     ")");
       const float scale = e8m0_to_f32(code);
@@ -191,41 +305,134 @@ void decode_tile(const TensorView& w, const TensorView& s, const char* scale_nam
   }
 }
 
-/// One GEMM of the MLP over the experts' gathered rows: for each (active expert, 64-row weight
-/// tile) decodes the tile and computes out[rows of e, tile] = in[rows of e] · tileᵀ (fp32,
-/// canonical order), then bias (optional, bf16 [E, n_out]) and the bf16 rounding.
-void expert_gemm(const TensorView& w, const TensorView& s, const char* scale_name,
-                 const TensorView& bias, const std::vector<int64_t>& offsets, const float* in,
-                 int64_t k_in, float* out, int64_t n_out, ScaledGemmFn gemm) {
-  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
+/// One GEMM of the MLP over the experts' gathered rows (ws.offsets): for each (active expert,
+/// 64-row weight tile) decodes the tile and computes out[rows of e, tile] = in[rows of e] · tileᵀ
+/// (fp32, canonical order), then bias (optional, bf16 [E, n_out]) and the bf16 rounding.
+void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm, const float* in,
+                 int64_t k_in, float* out, int64_t n_out, Mxfp4Workspace& ws) {
+  const int64_t experts = static_cast<int64_t>(ws.offsets.size()) - 1;
   const int64_t tiles = n_out / kTile;
-  std::vector<int64_t> items;  // e · tiles + tile, for experts with rows
+  const int64_t* offsets = ws.offsets.data();
+  int64_t count = 0;  // items e · tiles + tile, for experts with rows
   for (int64_t e = 0; e < experts; ++e)
     if (offsets[e + 1] > offsets[e])
-      for (int64_t t = 0; t < tiles; ++t) items.push_back(e * tiles + t);
-  parallel_for(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
-    std::vector<float> tile(static_cast<size_t>(kTile * k_in)), b(kTile);
-    WeightOperand decoded;  // the decoded tile: dense f32 rows of one "expert"
-    decoded.data = make_view(tile.data(), DType::kF32, {1, kTile, k_in});
-    decoded.num_experts = 1;
-    decoded.n = kTile;
-    decoded.k = k_in;
-    for (int64_t it = begin; it < end; ++it) {
-      const int64_t e = items[it] / tiles, r0 = (items[it] % tiles) * kTile;
-      const int64_t m = offsets[e + 1] - offsets[e];
-      decode_tile(w, s, scale_name, e, r0, tile.data());
-      float* dst = out + offsets[e] * n_out + r0;
-      ActivationCodes rows;
-      rows.codes = in + offsets[e] * k_in;
-      rows.ld = k_in;
-      gemm(rows, m, decoded, 0, 0, kTile, dst, n_out);
-      const bool has_bias = bias.data != nullptr;
-      if (has_bias) load_f32(bias.at({e, r0}), DType::kBF16, kTile, b.data());
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < kTile; ++c) {
-          float& v = dst[r * n_out + c];
-          v = round_to(DType::kBF16, has_bias ? v + b[c] : v);
+      for (int64_t t = 0; t < tiles; ++t) ws.items[count++] = e * tiles + t;
+  const int64_t parts = static_cast<int64_t>(ws.parts.size());
+  const bool has_bias = bias.data != nullptr;
+  parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
+    for (int64_t p = first_part; p < end_part; ++p) {
+      Mxfp4Workspace::Part& part = ws.parts[p];
+      const WeightOperand decoded = tile_operand(part.tile.data(), k_in);
+      float* b = part.tile_bias.data();
+      for (int64_t it = part_begin(count, parts, p); it < part_begin(count, parts, p + 1); ++it) {
+        const int64_t e = ws.items[it] / tiles, r0 = (ws.items[it] % tiles) * kTile;
+        const int64_t m = offsets[e + 1] - offsets[e];
+        decode_tile(w, e, r0, part.tile.data());
+        float* dst = out + offsets[e] * n_out + r0;
+        ActivationCodes rows;
+        rows.codes = in + offsets[e] * k_in;
+        rows.ld = k_in;
+        rows.scratch = &part.scratch;
+        gemm(rows, m, decoded, 0, 0, kTile, dst, n_out);
+        if (has_bias) load_f32(bias.at({e, r0}), DType::kBF16, kTile, b);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < kTile; ++c) {
+            float& v = dst[r * n_out + c];
+            v = round_to(DType::kBF16, has_bias ? v + b[c] : v);
+          }
+      }
+    }
+  });
+}
+
+/// The MoE of the contract into out (bf16 [T, W], rows contiguous, W ≤ K: the first W columns
+/// of each token's result). Checks the ids first; allocates nothing beyond what decode_tile
+/// does without deinterleaved weights (ws reserved for at least T·k slots).
+void run_moe(const Mxfp4Moe& m, const Mxfp4Tokens& in, Mxfp4Workspace& ws, const TensorView& out) {
+  check_ids(m, in);
+  const int64_t n = m.n, k = m.k, tokens = in.tokens, top_k = in.top_k, slots = tokens * top_k;
+  MOECORE_INTERNAL_CHECK(slots <= ws.max_slots && out.shape[1] <= k, "mxfp4 workspace for ",
+                         ws.max_slots, " slots, called with ", slots);
+
+  // Gather: the valid local (token, slot) pairs grouped by expert, in slot order t·k + j.
+  int64_t* offsets = ws.offsets.data();
+  std::fill(ws.offsets.begin(), ws.offsets.end(), 0);
+  for (int64_t s = 0; s < slots; ++s) {
+    const int64_t e = raw_id(in.ids, s / top_k, s % top_k) - m.first_expert;
+    if (e >= 0 && e < m.experts) ++offsets[e + 1];
+  }
+  for (int64_t e = 0; e < m.experts; ++e) offsets[e + 1] += offsets[e];
+  const int64_t rows = offsets[m.experts];
+  std::copy(offsets, offsets + m.experts, ws.cursor.begin());
+  int64_t* row_of_slot = ws.row_of_slot.data();
+  int64_t* expert_of_row = ws.expert_of_row.data();
+  float* a1 = ws.a1.data();
+  for (int64_t s = 0; s < slots; ++s) {
+    row_of_slot[s] = -1;
+    const int64_t e = raw_id(in.ids, s / top_k, s % top_k) - m.first_expert;
+    if (e < 0 || e >= m.experts) continue;
+    const int64_t r = ws.cursor[e]++;
+    row_of_slot[s] = r;
+    expert_of_row[r] = e;
+    load_f32(in.x.at({s / top_k, 0}), DType::kBF16, k, a1 + r * k);
+  }
+
+  // GEMM1 (+ b13, bf16) → activation (bf16) → GEMM2 (bf16).
+  float* h1 = ws.h1.data();
+  float* h2 = ws.h2.data();
+  expert_gemm(m.w13, m.w13_bias, m.gemm, a1, k, h1, 2 * n, ws);
+  const bool swiglu = m.swiglu_alpha.data != nullptr;
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t e = expert_of_row[r];
+      const float* up = h1 + r * 2 * n;
+      const float* gate = up + n;
+      float* dst = h2 + r * n;
+      if (swiglu) {
+        const float alpha = m.swiglu_alpha.ptr<float>()[e];
+        const float beta = m.swiglu_beta.ptr<float>()[e];
+        const float limit = m.swiglu_limit.ptr<float>()[e];
+        for (int64_t i = 0; i < n; ++i) {
+          const float gt = std::min(gate[i], limit);
+          const float u = std::clamp(up[i], -limit, limit);
+          const float glu = gt / (1.0f + std::exp(-(alpha * gt)));
+          dst[i] = round_to(DType::kBF16, glu * (u + beta));
         }
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          const float glu = gate[i] / (1.0f + std::exp(-gate[i]));
+          dst[i] = round_to(DType::kBF16, glu * up[i]);
+        }
+      }
+    }
+  });
+  float* y = ws.y.data();
+  expert_gemm(m.w2, TensorView{}, m.gemm, h2, n, y, k, ws);
+
+  // Finalize: Σ_j w_j · (y_j + b2) in fp32, slot order, one bf16 rounding.
+  const bool has_b2 = m.w2_bias.data != nullptr;
+  const int64_t parts = static_cast<int64_t>(ws.parts.size());
+  parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
+    for (int64_t p = first_part; p < end_part; ++p) {
+      float* acc = ws.parts[p].acc.data();
+      float* bias = ws.parts[p].b2.data();
+      for (int64_t t = part_begin(tokens, parts, p); t < part_begin(tokens, parts, p + 1); ++t) {
+        std::fill(acc, acc + k, 0.0f);
+        for (int64_t j = 0; j < top_k; ++j) {
+          const int64_t r = row_of_slot[t * top_k + j];
+          if (r < 0) continue;
+          const float w =
+              in.weights.ptr<float>()[t * in.weights.strides[0] + j * in.weights.strides[1]];
+          const float* yr = y + r * k;
+          if (has_b2) {
+            load_f32(m.w2_bias.at({expert_of_row[r], 0}), DType::kBF16, k, bias);
+            for (int64_t h = 0; h < k; ++h) acc[h] += w * (yr[h] + bias[h]);
+          } else {
+            for (int64_t h = 0; h < k; ++h) acc[h] += w * yr[h];
+          }
+        }
+        store_f32(acc, out.shape[1], DType::kBF16, out.at({t, 0}));
+      }
     }
   });
 }
@@ -249,101 +456,23 @@ Tensor dequantize_sm90_mxfp4(const TensorView& weight, const TensorView& folded_
                 ": expected contiguous folded scales ", shape_string(shape), ", got ",
                 folded_scale.describe());
   Tensor out = Tensor::empty({experts, rows, c}, DType::kF32);
+  const Sm90Weight w{weight, folded_scale, "scale"};
   const int64_t tiles = rows / kTile;
   parallel_for(experts * tiles, [&](int64_t begin, int64_t end) {
     for (int64_t it = begin; it < end; ++it)
-      decode_tile(weight, folded_scale, "scale", it / tiles, (it % tiles) * kTile,
-                  out.ptr<float>() + it * kTile * c);
+      decode_tile(w, it / tiles, (it % tiles) * kTile, out.ptr<float>() + it * kTile * c);
   });
   return out;
 }
 
 Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
-  const Geometry g = check_args(a);
-  const int64_t n = g.n, k = g.k, tokens = g.tokens, top_k = g.top_k;
-  Tensor out = Tensor::empty({tokens, k}, DType::kBF16);
-  if (tokens == 0) return out;
-  const ScaledGemmFn gemm = scaled_gemm_kernel(level);
-
-  // Gather: the valid local (token, slot) pairs grouped by expert, in slot order t·k + j.
-  const TensorView ids = a.topk_ids.view();
-  const int64_t first = a.ep_rank * g.experts;
-  std::vector<int64_t> row_of_slot(static_cast<size_t>(tokens * top_k), -1);
-  std::vector<int64_t> offsets(static_cast<size_t>(g.experts + 1), 0);
-  for (int64_t s = 0; s < tokens * top_k; ++s) {
-    const int64_t e = raw_id(ids, s / top_k, s % top_k) - first;
-    if (e >= 0 && e < g.experts) ++offsets[e + 1];
-  }
-  for (int64_t e = 0; e < g.experts; ++e) offsets[e + 1] += offsets[e];
-  const int64_t rows = offsets[g.experts];
-  std::vector<int64_t> cursor(offsets.begin(), offsets.end() - 1);
-  std::vector<int64_t> expert_of_row(static_cast<size_t>(rows));
-  std::vector<float> a1(static_cast<size_t>(rows * k));
-  for (int64_t s = 0; s < tokens * top_k; ++s) {
-    const int64_t e = raw_id(ids, s / top_k, s % top_k) - first;
-    if (e < 0 || e >= g.experts) continue;
-    const int64_t r = cursor[e]++;
-    row_of_slot[s] = r;
-    expert_of_row[r] = e;
-    load_f32(a.input.view().at({s / top_k, 0}), DType::kBF16, k, a1.data() + r * k);
-  }
-
-  // GEMM1 (+ b13, bf16) → activation (bf16) → GEMM2 (bf16).
-  std::vector<float> h1(static_cast<size_t>(rows * 2 * n)), h2(static_cast<size_t>(rows * n));
-  const TensorView none;
-  expert_gemm(a.w13.view(), a.w13_scale.view(), "w13_weight_scale",
-              a.w13_bias.defined() ? a.w13_bias.view() : none, offsets, a1.data(), k, h1.data(),
-              2 * n, gemm);
-  parallel_for(rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t e = expert_of_row[r];
-      const float* up = h1.data() + r * 2 * n;
-      const float* gate = up + n;
-      float* dst = h2.data() + r * n;
-      if (g.swiglu) {
-        const float alpha = a.swiglu_alpha.ptr<float>()[e];
-        const float beta = a.swiglu_beta.ptr<float>()[e];
-        const float limit = a.swiglu_limit.ptr<float>()[e];
-        for (int64_t i = 0; i < n; ++i) {
-          const float gt = std::min(gate[i], limit);
-          const float u = std::clamp(up[i], -limit, limit);
-          const float glu = gt / (1.0f + std::exp(-(alpha * gt)));
-          dst[i] = round_to(DType::kBF16, glu * (u + beta));
-        }
-      } else {
-        for (int64_t i = 0; i < n; ++i) {
-          const float glu = gate[i] / (1.0f + std::exp(-gate[i]));
-          dst[i] = round_to(DType::kBF16, glu * up[i]);
-        }
-      }
-    }
-  });
-  std::vector<float> y(static_cast<size_t>(rows * k));
-  expert_gemm(a.w2.view(), a.w2_scale.view(), "w2_weight_scale", none, offsets, h2.data(), n,
-              y.data(), k, gemm);
-
-  // Finalize: Σ_j w_j · (y_j + b2) in fp32, slot order, one bf16 rounding.
-  const TensorView wts = a.topk_weights.view();
-  const bool has_b2 = a.w2_bias.defined();
-  parallel_for(tokens, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(static_cast<size_t>(k)), bias(static_cast<size_t>(k));
-    for (int64_t t = begin; t < end; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < top_k; ++j) {
-        const int64_t r = row_of_slot[t * top_k + j];
-        if (r < 0) continue;
-        const float w = wts.ptr<float>()[t * wts.strides[0] + j * wts.strides[1]];
-        const float* yr = y.data() + r * k;
-        if (has_b2) {
-          load_f32(a.w2_bias.view().at({expert_of_row[r], 0}), DType::kBF16, k, bias.data());
-          for (int64_t h = 0; h < k; ++h) acc[h] += w * (yr[h] + bias[h]);
-        } else {
-          for (int64_t h = 0; h < k; ++h) acc[h] += w * yr[h];
-        }
-      }
-      store_f32(acc.data(), k, DType::kBF16, out.view().at({t, 0}));
-    }
-  });
+  const Mxfp4Moe m = check_moe(a, level);
+  const Mxfp4Tokens in = check_tokens(m, a);
+  Tensor out = Tensor::empty({in.tokens, m.k}, DType::kBF16);
+  if (in.tokens == 0) return out;
+  Mxfp4Workspace ws;
+  ws.reserve(m, in.tokens * in.top_k);
+  run_moe(m, in, ws, out.view());
   return out;
 }
 
@@ -356,71 +485,147 @@ const FlashInferMxfp4CutlassMoeQuantInfo& as_mxfp4_info(const QuantInfoPtr& q) {
   return *info;
 }
 
+/// x (bf16 [T, W], any strides) into the first W columns of the contiguous zero-padded input
+/// [T, K]; the other columns were zeroed once and are never written.
+void copy_into_padded(const TensorView& x, const TensorView& padded) {
+  constexpr size_t kBf16Bytes = 2;
+  const int64_t width = x.shape[1];
+  for (int64_t t = 0; t < x.shape[0]; ++t) {
+    char* dst = static_cast<char*>(padded.at({t, 0}));
+    if (x.strides[1] == 1 && width > 0) {
+      std::memcpy(dst, x.at({t, 0}), static_cast<size_t>(width) * kBf16Bytes);
+    } else {
+      for (int64_t h = 0; h < width; ++h)
+        std::memcpy(dst + h * kBf16Bytes, x.at({t, h}), kBf16Bytes);
+    }
+  }
+}
+
+/// Whose call a Mxfp4FusedRun serves: the fused func's single eager call, or MoeRunner::prepare
+/// (materialised routing only; the weights are deinterleaved once, up front).
+enum class RunKind { kEagerCall, kPrepared };
+
+/// The (none, flashinfer_mxfp4) fused func for one dispatch output's shapes: R15/R8 checks,
+/// payload validation, padding buffer, output and workspace at construction; run() pads the
+/// current hidden states, checks the current ids, computes and trims into the output.
+class Mxfp4FusedRun : public PreparedRun {
+ public:
+  Mxfp4FusedRun(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                const MoeRunnerConfig& config, RunKind kind)
+      : PreparedRun(nullptr), dispatch_(dispatch), quant_info_(quant_info) {
+    const FlashInferMxfp4CutlassMoeQuantInfo& q = as_mxfp4_info(quant_info);
+    constexpr const char* api = "MoeRunner(flashinfer_mxfp4)";
+    const ActivationSpec spec = activation_spec(config, api);  // R15: unknown activations
+    MOECORE_CHECK(spec.kind == Activation::SILU && spec.gated, api,
+                  ": the kernel runs SwiGLU only (activation 'silu', is_gated=True), got "
+                  "activation='",
+                  config.activation, "', is_gated=", config.is_gated ? "True" : "False");
+    MOECORE_ASSERT(!config.apply_router_weight_on_input,
+                   "apply_router_weight_on_input is not supported for Flashinfer");
+    MOECORE_CHECK(!config.no_combine, api,
+                  ": no_combine is not supported (the kernel always sums over top-k)");
+    auto* d = dynamic_cast<const StandardDispatchOutput*>(dispatch.get());
+    MOECORE_CHECK_DTYPE(d != nullptr, api, ": expected a StandardDispatchOutput");
+    if (kind == RunKind::kPrepared) {
+      const auto* standard = std::get_if<StandardTopKOutput>(&d->topk_output);
+      if (standard == nullptr)
+        MOECORE_UNSUPPORTED(api,
+                            ": prepare needs materialised routing (a StandardTopKOutput); a "
+                            "BypassedTopKOutput routes on every call, which a prepared run "
+                            "cannot replay");
+      topk_ = *standard;
+    } else {
+      topk_ = to_standard(d->topk_output);  // R8
+    }
+    x_ = d->hidden_states;
+    MOECORE_CHECK(x_.defined() && x_.ndim() == 2, api, ": expected hidden_states [T, H], got ",
+                  x_.describe());
+    const int64_t origin_hidden = x_.size(1);
+    const bool do_pad = q.padded_hidden && *q.padded_hidden != origin_hidden;
+    MOECORE_CHECK(!do_pad || *q.padded_hidden > origin_hidden, api, ": padded_hidden (",
+                  q.padded_hidden.value_or(0), ") must be at least hidden_states' width (",
+                  origin_hidden, ")");
+
+    Mxfp4CutlassMoeArgs args;
+    args.topk_ids = topk_.topk_ids;
+    args.topk_weights = topk_.topk_weights;
+    args.w13 = q.w13_weight;
+    args.w2 = q.w2_weight;
+    args.w13_scale = q.w13_weight_scale;
+    args.w2_scale = q.w2_weight_scale;
+    args.w13_bias = q.w13_bias;
+    args.w2_bias = q.w2_bias;
+    args.swiglu_alpha = q.swiglu_alpha;
+    args.swiglu_beta = q.swiglu_beta;
+    args.swiglu_limit = q.swiglu_limit;
+    args.tp_size = q.moe_tp_size;
+    args.tp_rank = q.moe_tp_rank;
+    args.ep_size = q.moe_ep_size;
+    args.ep_rank = q.moe_ep_rank;
+    const int64_t tokens = x_.size(0);
+    if (do_pad) {
+      MOECORE_CHECK_DTYPE(x_.dtype() == DType::kBF16, kApi,
+                          ": expected input bf16 (W4A16: bf16 activations), got ", x_.describe());
+      padded_ = Tensor::zeros({tokens, *q.padded_hidden}, DType::kBF16);
+      args.input = padded_;
+    } else {
+      args.input = x_;
+    }
+    moe_ = check_moe(args, config.isa_level.value_or(IsaLevel::kScalar));
+    tokens_ = check_tokens(moe_, args);
+    if (tokens == 0) {  // R9: validated; the combine input is hidden_states, no kernel runs
+      combine_input_ = std::make_shared<StandardCombineInput>(x_);
+      return;
+    }
+    const Tensor out = Tensor::empty({tokens, origin_hidden}, DType::kBF16);
+    out_ = out.view();
+    combine_input_ = std::make_shared<StandardCombineInput>(out);
+    ws_.reserve(moe_, tokens * tokens_.top_k);
+    if (kind == RunKind::kPrepared) {
+      // Replays read every tile many times; deinterleave once (an exact byte permutation).
+      w13_plain_ = deinterleave_moe_weights_for_sm90_mixed_gemm(q.w13_weight.view(), "fp4");
+      w2_plain_ = deinterleave_moe_weights_for_sm90_mixed_gemm(q.w2_weight.view(), "fp4");
+      moe_.w13.plain = w13_plain_.ptr<uint8_t>();
+      moe_.w2.plain = w2_plain_.ptr<uint8_t>();
+    }
+  }
+
+  void run() override {
+    if (tokens_.tokens == 0) return;  // R9
+    if (padded_.defined()) copy_into_padded(x_.view(), padded_.view());
+    run_moe(moe_, tokens_, ws_, out_);
+  }
+
+ private:
+  DispatchOutputPtr dispatch_;  // keeps hidden states and routing alive
+  QuantInfoPtr quant_info_;     // keeps the weights alive
+  Tensor x_;
+  StandardTopKOutput topk_;      // owns the routing R8 materialised from a bypassed top-k
+  Tensor padded_;                // zero-padded GEMM input [T, padded_hidden]; undefined if none
+  Tensor w13_plain_, w2_plain_;  // kPrepared: the weights deinterleaved
+  Mxfp4Moe moe_;
+  Mxfp4Tokens tokens_;
+  Mxfp4Workspace ws_;
+  TensorView out_;  // the combine input's bf16 [T, H]
+};
+
 CombineInputPtr fused_none_to_flashinfer_mxfp4(const DispatchOutputPtr& dispatch,
                                                const QuantInfoPtr& quant_info,
                                                const MoeRunnerConfig& config) {
-  const FlashInferMxfp4CutlassMoeQuantInfo& q = as_mxfp4_info(quant_info);
-  constexpr const char* api = "MoeRunner(flashinfer_mxfp4)";
-  const ActivationSpec spec = activation_spec(config, api);  // R15: unknown activations
-  MOECORE_CHECK(spec.kind == Activation::SILU && spec.gated, api,
-                ": the kernel runs SwiGLU only (activation 'silu', is_gated=True), got "
-                "activation='",
-                config.activation, "', is_gated=", config.is_gated ? "True" : "False");
-  MOECORE_ASSERT(!config.apply_router_weight_on_input,
-                 "apply_router_weight_on_input is not supported for Flashinfer");
-  MOECORE_CHECK(!config.no_combine, api,
-                ": no_combine is not supported (the kernel always sums over top-k)");
-  auto* d = dynamic_cast<const StandardDispatchOutput*>(dispatch.get());
-  MOECORE_CHECK_DTYPE(d != nullptr, api, ": expected a StandardDispatchOutput");
-  const Tensor& x = d->hidden_states;
-  const StandardTopKOutput topk = to_standard(d->topk_output);  // R8
+  Mxfp4FusedRun call(dispatch, quant_info, config, RunKind::kEagerCall);
+  call.run();
+  return call.combine_input();
+}
 
-  MOECORE_CHECK(x.defined() && x.ndim() == 2, api, ": expected hidden_states [T, H], got ",
-                x.describe());
-  const int64_t origin_hidden = x.size(1);
-  const bool do_pad = q.padded_hidden && *q.padded_hidden != origin_hidden;
-  MOECORE_CHECK(!do_pad || *q.padded_hidden > origin_hidden, api, ": padded_hidden (",
-                q.padded_hidden.value_or(0), ") must be at least hidden_states' width (",
-                origin_hidden, ")");
-
-  Mxfp4CutlassMoeArgs args;
-  args.topk_ids = topk.topk_ids;
-  args.topk_weights = topk.topk_weights;
-  args.w13 = q.w13_weight;
-  args.w2 = q.w2_weight;
-  args.w13_scale = q.w13_weight_scale;
-  args.w2_scale = q.w2_weight_scale;
-  args.w13_bias = q.w13_bias;
-  args.w2_bias = q.w2_bias;
-  args.swiglu_alpha = q.swiglu_alpha;
-  args.swiglu_beta = q.swiglu_beta;
-  args.swiglu_limit = q.swiglu_limit;
-  args.tp_size = q.moe_tp_size;
-  args.tp_rank = q.moe_tp_rank;
-  args.ep_size = q.moe_ep_size;
-  args.ep_rank = q.moe_ep_rank;
-  const int64_t tokens = x.size(0);
-  if (do_pad) {
-    MOECORE_CHECK_DTYPE(x.dtype() == DType::kBF16, kApi,
-                        ": expected input bf16 (W4A16: bf16 activations), got ", x.describe());
-    Tensor padded = Tensor::zeros({tokens, *q.padded_hidden}, DType::kBF16);
-    copy_view(x.view(), padded.view().narrow(1, 0, origin_hidden));
-    args.input = padded;
-  } else {
-    args.input = x;
-  }
-  if (tokens == 0) {  // R9: validate, then return the input without running the kernel
-    check_args(args);
-    return std::make_shared<StandardCombineInput>(x);
-  }
-  const Tensor out = cutlass_fused_moe_mxfp4(args, config.isa_level.value_or(IsaLevel::kScalar));
-  if (!do_pad) return std::make_shared<StandardCombineInput>(out);
-  return std::make_shared<StandardCombineInput>(
-      Tensor::copy_of(out.view().narrow(1, 0, origin_hidden)));
+PreparedRunPtr prepare_standard_flashinfer_mxfp4(const DispatchOutputPtr& dispatch,
+                                                 const QuantInfoPtr& quant_info,
+                                                 const MoeRunnerConfig& config) {
+  return std::make_unique<Mxfp4FusedRun>(dispatch, quant_info, config, RunKind::kPrepared);
 }
 
 }  // namespace
 
 MOECORE_REGISTER_FUSED_FUNC(NONE, FLASHINFER_MXFP4, fused_none_to_flashinfer_mxfp4);
+MOECORE_REGISTER_PREPARED_RUN(STANDARD, FLASHINFER_MXFP4, prepare_standard_flashinfer_mxfp4);
 
 }  // namespace moecore

@@ -26,6 +26,15 @@ namespace {
 
 /// TorchNativeRunnerInput(hidden_states, topk_weights, topk_ids, sorted_tokens,
 /// tokens_per_expert, idxs).
+constexpr const char* kApi = "MoeRunner(torch_native)";
+
+/// The GEMM1 input of a row: its token's hidden state, in fp32.
+auto token_rows(const RoutedTokens& tokens) {
+  return [&tokens](int64_t t, float* dst) {
+    load_f32(tokens.x.at({t, 0}), tokens.x.dtype, tokens.x.shape[1], dst);
+  };
+}
+
 struct TorchNativeRunnerInput : RunnerInput {
   Tensor hidden_states, topk_weights, topk_ids;
   Tensor sorted_tokens;      // [num_valid, H] act dtype: x rows in expert order
@@ -156,6 +165,68 @@ CombineInputPtr post_permute_torch_native_to_standard(const RunnerOutputPtr& run
   return std::make_shared<StandardCombineInput>(result);
 }
 
+/// The (standard, torch_native) path prepared for one dispatch output's shapes. It computes the
+/// core's rows straight into their (token, slot) places: the same rows in the same expert order
+/// as the sorted copy, so the same bits, without the copy.
+class TorchNativePreparedRun : public PreparedRun {
+ public:
+  TorchNativePreparedRun(const DispatchOutputPtr& dispatch, const QuantInfoPtr& q,
+                         const MoeRunnerConfig& config)
+      : PreparedRun(nullptr), dispatch_(dispatch), quant_info_(q), config_(config) {
+    auto* d = dynamic_cast<const StandardDispatchOutput*>(dispatch.get());
+    MOECORE_CHECK_DTYPE(d != nullptr,
+                        "MoeRunner(torch_native): expected a StandardDispatchOutput");
+    if (config.apply_router_weight_on_input)
+      MOECORE_UNSUPPORTED("MoeRunner(torch_native): apply_router_weight_on_input is not "
+                          "supported by the torch-native path");
+    weights_ = weights_of(q, config);
+    x_ = d->hidden_states;
+    topk_ = prepared_topk(d->topk_output);
+    const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
+    ActivationSpec spec = activation_spec(config, kApi);
+    spec.round_before_mul = true;
+    mlp_ = dense_expert_mlp(weights_, spec,
+                            scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar)));
+    slots_ = Tensor::zeros({tokens.num_tokens, tokens.top_k, weights_.hidden}, weights_.dtype);
+    result_ = config.no_combine ? slots_
+                                : Tensor::empty({tokens.num_tokens, weights_.hidden},
+                                                weights_.dtype);
+    combine_input_ = std::make_shared<StandardCombineInput>(result_);
+    workspace_.reserve(mlp_, tokens.num_tokens * tokens.top_k);
+  }
+
+  void run() override {
+    const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
+    const TensorView slots = slots_.view();
+    zero_view(slots);  // invalid slots stay 0
+    std::lock_guard<std::mutex> lock(workspace_.mutex);
+    workspace_.rows.group_slots(tokens, weights_.num_experts, /*with_scale=*/false);
+    if (workspace_.rows.rows() > 0)
+      run_expert_mlp(mlp_, workspace_, token_rows(tokens), RowScaleAt::kNone, slot_rows(slots));
+    if (config_.no_combine)
+      weight_slots(tokens, slots);
+    else
+      combine_topk(tokens, slots, /*weighted=*/true, config_.routed_scaling_factor.value_or(1.0f),
+                   result_.view());
+  }
+
+ private:
+  DispatchOutputPtr dispatch_;  // keeps the static inputs alive
+  QuantInfoPtr quant_info_;     // keeps the weights alive
+  MoeRunnerConfig config_;
+  ExpertWeights weights_;
+  Tensor x_;
+  StandardTopKOutput topk_;
+  ExpertMlp mlp_;
+  Tensor slots_, result_;
+  ExpertWorkspace workspace_;
+};
+
+PreparedRunPtr prepare_standard_torch_native(const DispatchOutputPtr& dispatch,
+                                             const QuantInfoPtr& q, const MoeRunnerConfig& config) {
+  return std::make_unique<TorchNativePreparedRun>(dispatch, q, config);
+}
+
 CombineInputPtr fused_none_to_torch_native(const DispatchOutputPtr& dispatch,
                                            const QuantInfoPtr& q, const MoeRunnerConfig& config) {
   // The fused func's state: one workspace for every runner that uses it (calls take turns).
@@ -176,5 +247,6 @@ MOECORE_REGISTER_RUNNER_CORE(TORCH_NATIVE, make_torch_native_core);
 MOECORE_REGISTER_FUSED_FUNC(NONE, TORCH_NATIVE, fused_none_to_torch_native);
 MOECORE_REGISTER_PRE_PERMUTE(STANDARD, TORCH_NATIVE, pre_permute_standard_to_torch_native);
 MOECORE_REGISTER_POST_PERMUTE(TORCH_NATIVE, STANDARD, post_permute_torch_native_to_standard);
+MOECORE_REGISTER_PREPARED_RUN(STANDARD, TORCH_NATIVE, prepare_standard_torch_native);
 
 }  // namespace moecore

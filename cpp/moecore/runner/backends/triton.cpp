@@ -36,6 +36,7 @@
 // finite and > 0. Every mode except dynamic per-tensor is batch invariant and, like the
 // unquantized path, bitwise deterministic across thread counts (the shared static schedule:
 // each output is one dot of the kernel row, in its fixed order, whatever the blocks).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -293,12 +294,13 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, ExpertWorkspace&
   ExpertMlp& mlp = plan.mlp;
   const int64_t H = plan.shape.hidden, I = plan.shape.inter;
   if (plan.q1 == ActQuant::kFp8PerTensorDynamic) {
-    float amax = 0.0f;
-    std::vector<float> row(static_cast<size_t>(H));
-    for (int64_t t = 0; t < tokens.num_tokens; ++t) {
-      load_f32(tokens.x.at({t, 0}), tokens.x.dtype, H, row.data());
-      amax = std::fmax(amax, amax_rows(row.data(), 1, H, H));
-    }
+    float amax = 0.0f, chunk[512];
+    for (int64_t t = 0; t < tokens.num_tokens; ++t)
+      for (int64_t h0 = 0; h0 < H; h0 += 512) {
+        const int64_t width = std::min<int64_t>(512, H - h0);
+        load_f32(tokens.x.at({t, h0}), tokens.x.dtype, width, chunk);
+        amax = std::fmax(amax, amax_rows(chunk, 1, width, width));
+      }
     plan.s1 = fp8_dynamic_scale(amax, 0.0f);  // per_tensor_absmax: no eps
   }
   set_quantizer(mlp.gemm1, plan.q1, plan.s1, plan.group, plan.integer);
@@ -426,6 +428,91 @@ CombineInputPtr post_permute_triton_to_standard(const RunnerOutputPtr& runner_ou
   return std::make_shared<StandardCombineInput>(result);
 }
 
+/// The (standard, triton) path prepared for one dispatch output's shapes: pre-permute, core and
+/// post-permute in one, over buffers allocated here.
+class TritonPreparedRun : public PreparedRun {
+ public:
+  TritonPreparedRun(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
+                    const MoeRunnerConfig& config)
+      : PreparedRun(nullptr), dispatch_(dispatch), quant_info_(quant_info), config_(config) {
+    const StandardDispatchOutput& d = as_standard(dispatch);
+    const TritonMoeQuantInfo& info = as_triton_info(quant_info);
+    x_ = d.hidden_states;
+    topk_ = prepared_topk(d.topk_output);
+    if (info.is_quantized()) {
+      MOECORE_CHECK(x_.defined(), kApi, ": hidden_states is required");
+      plan_ = make_quant_plan(info, config, x_.dtype());
+      weights_ = plan_->shape;
+    } else {
+      weights_ = validated_weights(info, config, x_);
+      mlp_ = dense_expert_mlp(weights_, activation_spec(config, kApi),
+                              scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar)));
+    }
+    const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
+    MOECORE_CHECK(!config.apply_router_weight_on_input || tokens.top_k == 1,
+                  "Only support topk=1 when `apply_router_weight_on_input` is True");
+    if (config.inplace && !config.no_combine)
+      MOECORE_CHECK(x_.view().writable, "MoeRunner(triton): inplace=True writes the output into "
+                    "hidden_states, which is read-only");
+    const int64_t T = tokens.num_tokens, k = tokens.top_k, E = weights_.num_experts;
+    const int64_t padded = max_padded_slots(T * k, E, kBlockM);
+    sorted_token_ids_ = Tensor::empty({std::max<int64_t>(padded, 1)}, DType::kI32);
+    expert_ids_ = Tensor::empty({std::max<int64_t>(padded / kBlockM, 1)}, DType::kI32);
+    start_.resize(static_cast<size_t>(E + 1));
+    slots_ = Tensor::zeros({T, k, weights_.hidden}, weights_.dtype);
+    if (config.no_combine)
+      result_ = slots_;
+    else
+      result_ = config.inplace ? x_ : Tensor::empty({T, weights_.hidden}, weights_.dtype);
+    combine_input_ = std::make_shared<StandardCombineInput>(result_);
+    workspace_.reserve(plan_ ? plan_->mlp : mlp_, T * k);
+    workspace_.rows.reserve(padded, E);  // from_block_layout sizes its rows by the padded layout
+  }
+
+  void run() override {
+    const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
+    if (tokens.num_tokens == 0) return;  // R9
+    const RowScaleAt scale_at =
+        config_.apply_router_weight_on_input ? RowScaleAt::kGemm1 : RowScaleAt::kGemm2;
+    const int64_t padded =
+        align_block_size_into(tokens, weights_.num_experts, kBlockM,
+                              sorted_token_ids_.ptr<int32_t>(), expert_ids_.ptr<int32_t>(),
+                              start_.data());
+    ExpertWorkspace& ws = workspace_;
+    std::lock_guard<std::mutex> lock(ws.mutex);
+    ws.rows.from_block_layout(sorted_token_ids_.ptr<int32_t>(), expert_ids_.ptr<int32_t>(),
+                              padded / kBlockM, kBlockM, tokens, weights_.num_experts,
+                              /*with_scale=*/true);
+    const TensorView slots = slots_.view();
+    zero_view(slots);  // invalid slots stay 0
+    if (plan_)
+      run_quantized(*plan_, tokens, ws, scale_at, slots);
+    else
+      run_expert_mlp(mlp_, ws, token_rows(tokens), scale_at, slot_rows(slots));
+    if (!config_.no_combine)
+      combine_topk(tokens, slots, /*weighted=*/false, config_.routed_scaling_factor.value_or(1.0f),
+                   result_.view());
+  }
+
+ private:
+  DispatchOutputPtr dispatch_;  // keeps the static inputs alive
+  QuantInfoPtr quant_info_;     // keeps the weights alive
+  MoeRunnerConfig config_;
+  Tensor x_;
+  StandardTopKOutput topk_;
+  ExpertWeights weights_;
+  std::optional<QuantPlan> plan_;
+  ExpertMlp mlp_;
+  Tensor sorted_token_ids_, expert_ids_, slots_, result_;
+  std::vector<int64_t> start_;
+  ExpertWorkspace workspace_;
+};
+
+PreparedRunPtr prepare_standard_triton(const DispatchOutputPtr& dispatch, const QuantInfoPtr& q,
+                                       const MoeRunnerConfig& config) {
+  return std::make_unique<TritonPreparedRun>(dispatch, q, config);
+}
+
 CombineInputPtr fused_none_to_triton(const DispatchOutputPtr& dispatch, const QuantInfoPtr& q,
                                      const MoeRunnerConfig& config) {
   // The fused func's state: one workspace for every runner that uses it (calls take turns).
@@ -446,5 +533,6 @@ MOECORE_REGISTER_RUNNER_CORE(TRITON, make_triton_core);
 MOECORE_REGISTER_FUSED_FUNC(NONE, TRITON, fused_none_to_triton);
 MOECORE_REGISTER_PRE_PERMUTE(STANDARD, TRITON, pre_permute_standard_to_triton);
 MOECORE_REGISTER_POST_PERMUTE(TRITON, STANDARD, post_permute_triton_to_standard);
+MOECORE_REGISTER_PREPARED_RUN(STANDARD, TRITON, prepare_standard_triton);
 
 }  // namespace moecore

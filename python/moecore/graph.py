@@ -1,0 +1,124 @@
+"""Bucketed capture and replay of a FusedMoE layer, shaped like an engine's CUDA-graph runner.
+
+An engine captures its MoE layer once per batch-size bucket and serves a batch of T tokens
+from the smallest bucket that holds it, padding the rest. ``MoeGraphRunner`` does the same on
+CPU over :class:`moecore.CapturedForward` (one per bucket)::
+
+    graphs = moecore.MoeGraphRunner(layer, bucket_sizes=[1, 2, 4, 8, 16])
+    graphs.capture()                                         # after the weights are loaded
+    out = graphs.forward(hidden_states, router_logits)      # copy in, replay, copy out
+
+or, without copies, the engine way::
+
+    graph = graphs.graph_for(num_tokens)                     # the smallest bucket >= T
+    graph.hidden_states[:T] = x; graph.router_logits[:T] = logits
+    graph.replay(T)
+    y = graph.output[:T]                                     # valid until the next replay
+
+Replay allocates nothing and equals ``layer.forward`` on the real rows bit for bit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Iterable, Optional
+
+import numpy as np
+
+from . import _moecore
+from .errors import InvalidArgumentError, OutOfRangeError
+
+__all__ = ["MoeGraphRunner"]
+
+
+class MoeGraphRunner:
+    """Captures ``layer`` for each bucket size when ``capture()`` is called (``input``
+    'router_logits' or 'topk'; ``dtype`` the activation dtype, default the layer's params
+    dtype)."""
+
+    def __init__(self, layer, bucket_sizes: Iterable[int], *, input: str = "router_logits",
+                 dtype=None):
+        sizes = sorted(set(int(b) for b in bucket_sizes))
+        if not sizes:
+            raise InvalidArgumentError("MoeGraphRunner: expected at least one bucket size")
+        if sizes[0] < 1:
+            raise InvalidArgumentError(
+                f"MoeGraphRunner: bucket sizes must be >= 1, got {sizes[0]}")
+        if input not in ("router_logits", "topk"):
+            raise InvalidArgumentError(
+                f"MoeGraphRunner: input must be 'router_logits' or 'topk', got {input!r}")
+        self.layer = layer
+        self.input = input
+        self.dtype = dtype
+        self.bucket_sizes = sizes
+        self.graphs: dict = {}
+        self._lock = threading.Lock()
+
+    def capture(self) -> "MoeGraphRunner":
+        """Captures every bucket (allocating its buffers, workspace and schedule). Call after
+        process_weights_after_loading; capturing again replaces the graphs."""
+        graphs = {b: _moecore.CapturedForward(self.layer, b, input=self.input, dtype=self.dtype)
+                  for b in self.bucket_sizes}
+        with self._lock:
+            self.graphs = graphs
+        return self
+
+    def can_run(self, num_tokens: int) -> bool:
+        return 0 <= num_tokens <= self.bucket_sizes[-1]
+
+    def bucket_for(self, num_tokens: int) -> int:
+        """The smallest bucket size >= num_tokens."""
+        if not self.can_run(num_tokens):
+            raise OutOfRangeError(
+                f"MoeGraphRunner: {num_tokens} tokens do not fit the largest bucket "
+                f"({self.bucket_sizes[-1]}); capture a larger bucket or run the layer eagerly")
+        return self.bucket_sizes[bisect.bisect_left(self.bucket_sizes, num_tokens)]
+
+    def graph_for(self, num_tokens: int):
+        """The CapturedForward of the smallest bucket >= num_tokens."""
+        bucket = self.bucket_for(num_tokens)
+        if not self.graphs:
+            raise InvalidArgumentError("MoeGraphRunner: call capture() before replaying")
+        return self.graphs[bucket]
+
+    def forward(self, hidden_states, router_logits=None, *, topk_ids=None,
+                topk_weights=None) -> np.ndarray:
+        """Copies a batch into its bucket's static buffers, replays, and returns a copy of the
+        real rows' output. Safe to call from several threads (calls take turns)."""
+        hidden_states = np.asarray(hidden_states)
+        if hidden_states.ndim != 2:
+            raise InvalidArgumentError(
+                f"MoeGraphRunner.forward: expected hidden_states [T, H], got shape "
+                f"{hidden_states.shape}")
+        t = hidden_states.shape[0]
+        graph = self.graph_for(t)
+        rows = {"hidden_states": hidden_states}
+        if self.input == "router_logits":
+            if router_logits is None or topk_ids is not None or topk_weights is not None:
+                raise InvalidArgumentError(
+                    "MoeGraphRunner.forward: this runner was captured for router_logits; pass "
+                    "router_logits only")
+            rows["router_logits"] = router_logits
+        else:
+            if topk_ids is None or topk_weights is None or router_logits is not None:
+                raise InvalidArgumentError(
+                    "MoeGraphRunner.forward: this runner was captured for a top-k input; pass "
+                    "topk_ids and topk_weights")
+            rows["topk_ids"] = topk_ids
+            rows["topk_weights"] = topk_weights
+        with self._lock:
+            for name, value in rows.items():
+                static = getattr(graph, name)
+                value = np.asarray(value)
+                if value.shape != (t,) + static.shape[1:]:
+                    raise InvalidArgumentError(
+                        f"MoeGraphRunner.forward: expected {name} of shape "
+                        f"{(t,) + static.shape[1:]}, got {value.shape}")
+                if value.dtype != static.dtype:
+                    raise InvalidArgumentError(
+                        f"MoeGraphRunner.forward: expected {name} of dtype {static.dtype}, got "
+                        f"{value.dtype}")
+                static[:t] = value
+            graph.replay(t)
+            return graph.output[:t].copy()

@@ -1,0 +1,317 @@
+// Working memory of the kernel rows and the activation quantizers (what a prepared run replays
+// on): every scaled-GEMM row this machine has, given a GemmScratch reserved to
+// gemm_scratch_bytes, allocates nothing for any M (1 to 300, past every row's activation chunk)
+// and gives the bits of a call without scratch, whatever the scratch held before; each output
+// equals its row computed alone; a scratch too small grows. The quantizer of every ActQuant rule
+// allocates nothing when made, copied or called and matches quantize_activation bitwise.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moecore/formats/fp8.h"
+#include "moecore/isa/isa.h"
+#include "moecore/kernels/convert.h"
+#include "moecore/kernels/quant_gemm.h"
+#include "moecore/runner/quant_compute.h"
+#include "support/counting_allocator.h"
+
+namespace moecore {
+namespace {
+
+using testing::count_allocations;
+
+bool same_bits(const float* x, const float* y, int64_t n) {
+  return std::memcmp(x, y, static_cast<size_t>(n) * sizeof(float)) == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel rows.
+
+enum class Coding {
+  kF32,
+  kF16,
+  kBf16,
+  kFp8Tensor,
+  kFp8Channel,
+  kFp8Block,
+  kInt8,
+  kInt8Int8,
+  kNvfp4,
+  kMxfp4
+};
+
+const char* coding_name(Coding c) {
+  const char* names[] = {"f32",       "f16",  "bf16",      "fp8_tensor", "fp8_channel",
+                         "fp8_block", "int8", "int8_int8", "nvfp4",      "mxfp4"};
+  return names[static_cast<int>(c)];
+}
+
+bool is_fp4(Coding c) { return c == Coding::kNvfp4 || c == Coding::kMxfp4; }
+// Plain dense GEMM: no activation scales, no alpha (the reference row's own fast path).
+bool is_plain(Coding c) { return c == Coding::kF32 || c == Coding::kF16 || c == Coding::kBf16; }
+
+constexpr int64_t kExperts = 2, kExpert = 1;
+
+// One expert-batched weight operand with the tensors it views.
+struct Operand {
+  Tensor data, scale, alpha;
+  WeightOperand w;
+};
+
+Operand make_operand(std::mt19937& rng, Coding c, int64_t n, int64_t k) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), positive(0.5f, 2.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  Operand op;
+  WeightOperand& w = op.w;
+  w.num_experts = kExperts;
+  w.n = n;
+  w.k = k;
+  auto f32_tensor = [&](const std::vector<int64_t>& shape) {
+    Tensor t = Tensor::empty(shape, DType::kF32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = positive(rng);
+    return t;
+  };
+  auto byte_tensor = [&](const std::vector<int64_t>& shape, DType dtype, int lo, int hi) {
+    std::uniform_int_distribution<int> code(lo, hi);
+    Tensor t = Tensor::empty(shape, dtype);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      static_cast<uint8_t*>(t.view().data)[i] = static_cast<uint8_t>(code(rng));
+    return t;
+  };
+  switch (c) {
+    case Coding::kF32:
+    case Coding::kF16:
+    case Coding::kBf16: {
+      const DType dtype = c == Coding::kF32   ? DType::kF32
+                          : c == Coding::kF16 ? DType::kF16
+                                              : DType::kBF16;
+      std::vector<float> values(static_cast<size_t>(kExperts * n * k));
+      for (float& v : values) v = unit(rng);
+      op.data = Tensor::empty({kExperts, n, k}, dtype);
+      store_f32(values.data(), op.data.numel(), dtype, op.data.view().data);
+      break;
+    }
+    case Coding::kFp8Tensor:
+    case Coding::kFp8Channel:
+    case Coding::kFp8Block:
+      w.coding = WeightCoding::kFp8;
+      op.data = byte_tensor({kExperts, n, k}, DType::kF8E4M3, 0, 255);
+      for (int64_t i = 0; i < op.data.numel(); ++i) {  // no NaN codes
+        uint8_t& q = static_cast<uint8_t*>(op.data.view().data)[i];
+        if ((q & 0x7f) == 0x7f) q ^= 0x01;
+      }
+      if (c == Coding::kFp8Tensor) op.scale = f32_tensor({kExperts});
+      if (c == Coding::kFp8Channel) op.scale = f32_tensor({kExperts, n});
+      if (c == Coding::kFp8Block) {  // 16 × 48 blocks: K tails inside the last block
+        w.block_n = 16;
+        w.block_k = 48;
+        op.scale = f32_tensor({kExperts, (n + 15) / 16, (k + 47) / 48});
+      }
+      break;
+    case Coding::kInt8:
+    case Coding::kInt8Int8:
+      w.coding = WeightCoding::kInt8;
+      op.data = byte_tensor({kExperts, n, k}, DType::kI8, 0, 255);
+      op.scale = f32_tensor({kExperts, n});
+      break;
+    case Coding::kNvfp4:
+    case Coding::kMxfp4: {
+      w.coding = c == Coding::kNvfp4 ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4;
+      op.data = byte_tensor({kExperts, n, k / 2}, DType::kU8, 0, 255);
+      // e4m3 scales 0.25 .. 1.875; e8m0 scales 2^-3 .. 2^0.
+      op.scale = c == Coding::kNvfp4 ? byte_tensor({kExperts, n, k / 16}, DType::kU8, 0x28, 0x3f)
+                                     : byte_tensor({kExperts, n, k / 32}, DType::kU8, 124, 127);
+      break;
+    }
+  }
+  if (!is_plain(c)) op.alpha = f32_tensor({kExperts});
+  w.data = op.data.view();
+  if (op.scale.numel() > 0) w.scale = op.scale.view();
+  if (op.alpha.numel() > 0) w.alpha = op.alpha.view();
+  return op;
+}
+
+// Activation codes [m, K] (row stride K + 3): bf16 values (so the avx512_bf16 and amx rows take
+// their own paths), or int8 values for int8 × int8; per-(row, K block) scales unless plain.
+struct Activations {
+  std::vector<float> codes, scales;
+  ActivationCodes view;
+};
+
+Activations make_activations(std::mt19937& rng, Coding c, int64_t m, const WeightOperand& w) {
+  Activations a;
+  const int64_t ld = w.k + 3, nb = w.num_k_blocks();
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), positive(0.5f, 2.0f);
+  std::uniform_int_distribution<int> code(-128, 127);
+  a.codes.resize(static_cast<size_t>(m * ld));
+  for (float& v : a.codes)
+    v = c == Coding::kInt8Int8 ? static_cast<float>(code(rng)) : round_to(DType::kBF16, unit(rng));
+  a.view.codes = a.codes.data();
+  a.view.ld = ld;
+  a.view.integer = c == Coding::kInt8Int8;
+  a.view.bf16_exact = true;
+  if (!is_plain(c)) {
+    a.scales.resize(static_cast<size_t>(m * nb));
+    for (float& s : a.scales) s = positive(rng);
+    a.view.scales = a.scales.data();
+    a.view.scales_per_row = nb;
+  }
+  return a;
+}
+
+// The rows whose results are bitwise those of scaled_gemm_ref: the canonical levels, operands the
+// bf16 levels hand to the avx512 row (f32/f16 weights), and exact int8 × int8 dots.
+bool bitwise_to_reference(IsaLevel level, Coding c) {
+  return level <= IsaLevel::kAvx512 || c == Coding::kF32 || c == Coding::kF16 ||
+         c == Coding::kInt8Int8;
+}
+
+class KernelScratchTest : public ::testing::TestWithParam<std::tuple<IsaLevel, Coding>> {};
+
+TEST_P(KernelScratchTest, ReservedScratchAllocatesNothingAndKeepsTheBits) {
+  const auto [level, coding] = GetParam();
+  const ScaledGemmFn kernel = scaled_gemm_kernel(level);
+  std::mt19937 rng(3);
+  // N past one 64-row column block with a partial one; K with 16/32-lane tails (fp4: whole
+  // scale groups), and one shape that the amx row reads as stored (bf16, K and N in whole tiles).
+  const int64_t k_tail = is_fp4(coding) ? 224 : 200;
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{70, k_tail}, {64, 256}}) {
+    const Operand op = make_operand(rng, coding, n, k);
+    GemmScratch scratch;
+    // Garbage bytes: a row must never rely on what the scratch held.
+    scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
+    const size_t reserved = scratch.bytes.size();
+    for (int64_t m : {1, 7, 64, 300}) {
+      SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << coding_name(coding)
+                                        << " m=" << m << " n=" << n << " k=" << k);
+      const Activations a = make_activations(rng, coding, m, op.w);
+      // Columns [1, n) into an output with stride n + 2, as a column block would.
+      const int64_t ldo = n + 2, n0 = 1, cols = n - 1;
+      std::vector<float> out(m * ldo, -1.0f), own(m * ldo, -1.0f);
+      ActivationCodes with_scratch = a.view;
+      with_scratch.scratch = &scratch;
+      EXPECT_EQ(count_allocations(
+                    [&] { kernel(with_scratch, m, op.w, kExpert, n0, cols, out.data(), ldo); }),
+                0);
+      ASSERT_EQ(scratch.bytes.size(), reserved) << "gemm_scratch_bytes was too small";
+      kernel(a.view, m, op.w, kExpert, n0, cols, own.data(), ldo);
+      ASSERT_TRUE(same_bits(out.data(), own.data(), m * ldo));
+      // Rows at the edges of every row's activation chunks give the bits they give alone.
+      for (int64_t r : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{127}, int64_t{128}, m - 1}) {
+        if (r >= m) continue;
+        std::vector<float> alone(cols);
+        kernel(activation_rows_from(with_scratch, r), 1, op.w, kExpert, n0, cols, alone.data(),
+               cols);
+        ASSERT_TRUE(same_bits(alone.data(), out.data() + r * ldo, cols)) << "row " << r;
+      }
+      if (bitwise_to_reference(level, coding)) {
+        std::vector<float> ref(m * ldo, -1.0f);
+        scaled_gemm_ref(a.view, m, op.w, kExpert, n0, cols, ref.data(), ldo);
+        ASSERT_TRUE(same_bits(out.data(), ref.data(), m * ldo));
+      }
+    }
+    // A scratch with too little memory grows to what the row needs (an eager caller's first call).
+    const int64_t m = 300;
+    const Activations a = make_activations(rng, coding, m, op.w);
+    std::vector<float> grown_out(m * n), own(m * n);
+    GemmScratch empty;
+    ActivationCodes with_empty = a.view;
+    with_empty.scratch = &empty;
+    kernel(with_empty, m, op.w, kExpert, 0, n, grown_out.data(), n);
+    kernel(a.view, m, op.w, kExpert, 0, n, own.data(), n);
+    EXPECT_GT(empty.bytes.size(), 0u);
+    EXPECT_LE(empty.bytes.size(), reserved);
+    EXPECT_TRUE(same_bits(grown_out.data(), own.data(), m * n));
+  }
+}
+
+std::vector<std::tuple<IsaLevel, Coding>> kernel_params() {
+  std::vector<std::tuple<IsaLevel, Coding>> out;
+  for (IsaLevel level : available_isa_levels())
+    for (int c = 0; c <= static_cast<int>(Coding::kMxfp4); ++c)
+      out.emplace_back(level, static_cast<Coding>(c));
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, KernelScratchTest, ::testing::ValuesIn(kernel_params()),
+                         [](const auto& info) {
+                           return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
+                                  coding_name(std::get<1>(info.param));
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantizers.
+
+struct QuantCase {
+  ActQuant rule;
+  bool ue8m0;
+};
+
+std::string quant_case_name(const QuantCase& c) {
+  return std::string(act_quant_name(c.rule)) + (c.ue8m0 ? "_ue8m0" : "");
+}
+
+class ActQuantizerScratchTest : public ::testing::TestWithParam<QuantCase> {};
+
+TEST_P(ActQuantizerScratchTest, AllocatesNothingAndMatchesQuantizeActivation) {
+  const auto [rule, ue8m0] = GetParam();
+  // K: several code chunks with a partial one, a whole number of groups; rows stride K + 3.
+  constexpr int64_t kRows = 6, kK = 1152, kGroup = 128, kLd = kK + 3;
+  constexpr float kStaticScale = 0.05f;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 8.0f);
+  Tensor x = Tensor::empty({kRows, kK}, DType::kF32);
+  float* xs = x.ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) xs[i] = normal(rng);
+  for (int64_t i = 0; i < kK; ++i) xs[2 * kK + i] = 0.0f;  // all zero: dynamic scales hit eps / 0
+  xs[3 * kK + 17] = 1e6f;                                  // clamps under a static scale
+  xs[4 * kK + 700] = std::nanf("");                        // amax ignores it; codes clamp it
+  const ActQuantResult ref = quantize_activation(x.view(), rule, kStaticScale, kGroup, ue8m0);
+  const bool per_tensor = rule == ActQuant::kFp8Static || rule == ActQuant::kFp8PerTensorDynamic;
+  // The dynamic per-tensor scale comes from the caller, as the batch's amax gives it.
+  const float static_scale = per_tensor ? ref.scale.ptr<float>()[0] : 0.0f;
+
+  const int64_t per_row = act_scales_per_row(rule, kK, kGroup);
+  std::vector<float> rows(kRows * kLd, -7.0f), scales(kRows * per_row, -1.0f);
+  for (int64_t r = 0; r < kRows; ++r) std::memcpy(&rows[r * kLd], xs + r * kK, kK * sizeof(float));
+  EXPECT_EQ(count_allocations([&] {
+              const ActivationQuantizer made =
+                  make_act_quantizer(rule, static_scale, kGroup, ue8m0);
+              const ActivationQuantizer copy = made;
+              copy(rows.data(), kRows, kK, kLd, scales.data());
+            }),
+            0);
+
+  const bool int8 = rule == ActQuant::kInt8PerToken;
+  const uint8_t* codes = static_cast<const uint8_t*>(ref.q.view().data);
+  const float* table = fp8_e4m3_table();
+  for (int64_t r = 0; r < kRows; ++r) {
+    std::vector<float> expected(kK);
+    for (int64_t i = 0; i < kK; ++i) {
+      const uint8_t q = codes[r * kK + i];
+      expected[i] = int8 ? static_cast<float>(static_cast<int8_t>(q)) : table[q];
+    }
+    ASSERT_TRUE(same_bits(expected.data(), &rows[r * kLd], kK)) << "codes of row " << r;
+    for (int64_t i = kK; i < kLd; ++i) ASSERT_EQ(rows[r * kLd + i], -7.0f) << "past K, row " << r;
+    const float* want = ref.scale.ptr<float>() + (per_tensor ? 0 : r * per_row);
+    ASSERT_TRUE(same_bits(want, &scales[r * per_row], per_row)) << "scales of row " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, ActQuantizerScratchTest,
+                         ::testing::Values(QuantCase{ActQuant::kFp8Static, false},
+                                           QuantCase{ActQuant::kFp8PerTensorDynamic, false},
+                                           QuantCase{ActQuant::kFp8PerToken, false},
+                                           QuantCase{ActQuant::kFp8PerTokenGroup, false},
+                                           QuantCase{ActQuant::kFp8PerTokenGroup, true},
+                                           QuantCase{ActQuant::kFp8SiluPostGroup, false},
+                                           QuantCase{ActQuant::kFp8SiluPostGroup, true},
+                                           QuantCase{ActQuant::kInt8PerToken, false}),
+                         [](const auto& info) { return quant_case_name(info.param); });
+
+}  // namespace
+}  // namespace moecore
