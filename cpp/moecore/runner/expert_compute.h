@@ -12,6 +12,7 @@
 #include "moecore/core/tensor.h"
 #include "moecore/dispatch/types.h"
 #include "moecore/kernels/activation.h"
+#include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/routing/topk.h"
 
@@ -190,6 +191,14 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
 const float* expert_activations(const ExpertWorkspace& ws);
 void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                         const TensorView& out);
+
+/// The GEMM1 input of row t: token t's hidden state, in fp32 (a SourceRowFn target; `tokens`
+/// must outlive the returned loader).
+inline auto token_rows(const RoutedTokens& tokens) {
+  return [&tokens](int64_t t, float* dst) {
+    load_f32(tokens.x.at({t, 0}), tokens.x.dtype, tokens.x.shape[1], dst);
+  };
+}
 
 /// Per-slot outputs [T, k, H] (contiguous) seen as rows [T·k, H]: row s = slot s = t·k + j.
 TensorView slot_rows(const TensorView& slots);

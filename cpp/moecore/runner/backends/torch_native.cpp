@@ -28,13 +28,6 @@ namespace {
 /// tokens_per_expert, idxs).
 constexpr const char* kApi = "MoeRunner(torch_native)";
 
-/// The GEMM1 input of a row: its token's hidden state, in fp32.
-auto token_rows(const RoutedTokens& tokens) {
-  return [&tokens](int64_t t, float* dst) {
-    load_f32(tokens.x.at({t, 0}), tokens.x.dtype, tokens.x.shape[1], dst);
-  };
-}
-
 struct TorchNativeRunnerInput : RunnerInput {
   Tensor hidden_states, topk_weights, topk_ids;
   Tensor sorted_tokens;      // [num_valid, H] act dtype: x rows in expert order

@@ -279,13 +279,6 @@ void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t gro
   g.integer_codes = integer;
 }
 
-/// The GEMM1 input of a compacted row: its token's hidden state, in fp32.
-auto token_rows(const RoutedTokens& tokens) {
-  return [&tokens](int64_t t, float* dst) {
-    load_f32(tokens.x.at({t, 0}), tokens.x.dtype, tokens.x.shape[1], dst);
-  };
-}
-
 /// The quantized expert compute on the shared schedule, its two phases apart so that a dynamic
 /// per-tensor GEMM2 scale sees every activation row first (rows of invalid slots would be zero
 /// in sglang's buffer, so they never change the amax). ws.rows holds the call's rows.
