@@ -1,6 +1,7 @@
 // CapturedForward: a captured FusedMoE forward replays with no heap allocation (counted on every
 // thread) and gives layer.forward's bits on the real rows, for routing and top-k inputs, with an
-// expert-parallel id map, and over thread counts.
+// expert-parallel id map, and over thread counts; CapturedGroupForward does the same for an
+// expert-parallel group against ExpertParallelGroup::forward.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include "moecore/core/thread_pool.h"
 #include "moecore/layer/capture.h"
+#include "moecore/layer/ep_group.h"
 #include "support/counting_allocator.h"
 #include "support/moe_problem.h"
 
@@ -140,6 +142,80 @@ TEST(CaptureErrorsTest, LayerMustBeProcessedAndCapacityPositive) {
   layer->process_weights_after_loading();
   EXPECT_THROW(CapturedForward(layer, 0, CaptureInput::kTopK, DType::kBF16), InvalidArgument);
   EXPECT_THROW(CapturedForward(layer, 4, CaptureInput::kTopK, DType::kI8), DTypeError);
+}
+
+std::unique_ptr<ExpertParallelGroup> make_group(std::mt19937& rng, int ranks) {
+  FusedMoEOptions o;
+  o.num_experts = 8;
+  o.hidden_size = 128;
+  o.intermediate_size = 32;
+  o.topk_config.top_k = 2;
+  o.params_dtype = DType::kBF16;
+  o.runner_backend = MoeRunnerBackend::DEEP_GEMM;
+  o.a2a_backend = MoeA2ABackend::DEEPEP;
+  o.num_max_dispatch_tokens_per_rank = 8;
+  o.runner_config.inplace = false;
+  o.runner_config.routed_scaling_factor = 1.25f;
+  auto group = std::make_unique<ExpertParallelGroup>(ranks, o, nullptr);
+  const int64_t H = o.hidden_size, I = o.intermediate_size;
+  for (int64_t e = 0; e < o.num_experts; ++e) {
+    group->weight_loader("w13_weight", random_tensor(rng, {I, H}, DType::kBF16, 0.2f), "w1", e);
+    group->weight_loader("w13_weight", random_tensor(rng, {I, H}, DType::kBF16, 0.2f), "w3", e);
+    group->weight_loader("w2_weight", random_tensor(rng, {H, I}, DType::kBF16, 0.2f), "w2", e);
+  }
+  group->process_weights_after_loading();
+  return group;
+}
+
+TEST(CaptureGroupTest, ReplayEqualsGroupForwardAndAllocatesNothing) {
+  std::mt19937 rng(11);
+  for (int ranks : {1, 2, 4}) {
+    auto group = make_group(rng, ranks);
+    std::unique_ptr<CapturedGroupForward> graph = group->capture(8, CaptureInput::kRouterLogits);
+    ASSERT_EQ(graph->size(), ranks);
+    std::vector<int64_t> counts(static_cast<size_t>(ranks));
+    for (int pass = 0; pass < 3; ++pass) {
+      std::vector<Tensor> hidden, logits;
+      for (int r = 0; r < ranks; ++r) {
+        const CapturedForward& g = *graph->rank(r);
+        counts[r] = (3 * pass + 5 * r + 1) % 9;
+        fill(rng, g.hidden_states(), 8);
+        fill(rng, g.router_logits(), 8);
+        hidden.push_back(first_rows(g.hidden_states(), counts[r]));
+        logits.push_back(first_rows(g.router_logits(), counts[r]));
+      }
+      EXPECT_EQ(count_allocations([&] { graph->replay(counts); }), 0)
+          << ranks << " ranks, pass " << pass;
+      const std::vector<Tensor> want = group->forward(hidden, logits, /*is_extend_in_batch=*/false);
+      for (int r = 0; r < ranks; ++r)
+        expect_same_bits(first_rows(graph->rank(r)->output(), counts[r]), want[r],
+                         std::to_string(ranks) + " ranks, rank " + std::to_string(r));
+    }
+  }
+}
+
+TEST(CaptureGroupTest, BadCountsAndFailingRanksRaiseAndTheGroupRecovers) {
+  std::mt19937 rng(13);
+  auto group = make_group(rng, 2);
+  std::unique_ptr<CapturedGroupForward> graph = group->capture(4, CaptureInput::kTopK);
+  EXPECT_THROW(graph->replay({1}), InvalidArgument);
+  EXPECT_THROW(graph->replay({1, 5}), OutOfRange);
+  for (int r = 0; r < 2; ++r) fill(rng, graph->rank(r)->hidden_states(), 4);
+  graph->rank(1)->topk_ids().ptr<int32_t>()[0] = 8;  // out of range on rank 1
+  graph->rank(1)->topk_ids().ptr<int32_t>()[1] = 0;
+  EXPECT_THROW(graph->replay({0, 1}), OutOfRange);
+  graph->rank(1)->topk_ids().ptr<int32_t>()[0] = 3;
+  graph->rank(1)->topk_weights().ptr<float>()[0] = 0.5f;
+  graph->rank(1)->topk_weights().ptr<float>()[1] = 0.5f;
+  EXPECT_NO_THROW(graph->replay({0, 1}));
+  const std::vector<Tensor> want = group->forward_topk(
+      {first_rows(graph->rank(0)->hidden_states(), 0), first_rows(graph->rank(1)->hidden_states(), 1)},
+      {StandardTopKOutput{first_rows(graph->rank(0)->topk_weights(), 0),
+                          first_rows(graph->rank(0)->topk_ids(), 0), {}},
+       StandardTopKOutput{first_rows(graph->rank(1)->topk_weights(), 1),
+                          first_rows(graph->rank(1)->topk_ids(), 1), {}}},
+      /*is_extend_in_batch=*/false);
+  expect_same_bits(first_rows(graph->rank(1)->output(), 1), want[1], "after recovery");
 }
 
 }  // namespace

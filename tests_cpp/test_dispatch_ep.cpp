@@ -16,9 +16,12 @@
 #include "moecore/dispatch/transport.h"
 #include "moecore/formats/half.h"
 #include "moecore/runner/backends/deep_gemm.h"
+#include "support/counting_allocator.h"
 
 namespace moecore {
 namespace {
+
+using testing::count_allocations;
 
 class LoopbackTest : public ::testing::TestWithParam<int> {};
 
@@ -66,7 +69,73 @@ TEST_P(LoopbackTest, FailingRankPoisonsTheGroupAndItsErrorReachesTheCaller) {
   group->run([&](int r) { group->transport(r)->barrier(); });
 }
 
+TEST_P(LoopbackTest, AllToAllIntoDeliversAndRunsAllocateNothing) {
+  const int R = GetParam();
+  const int64_t block = 40;
+  auto group = LoopbackGroup::create(R);
+  std::vector<TransportPtr> transports;
+  std::vector<std::vector<uint8_t>> send(R), recv(R);
+  std::vector<std::vector<int64_t>> send_bytes(R), recv_bytes(R);
+  for (int r = 0; r < R; ++r) {
+    transports.push_back(group->transport(r));
+    send[r].assign(static_cast<size_t>(R * block), 0);
+    recv[r].assign(static_cast<size_t>(R * block), 0xEE);
+    recv_bytes[r].assign(static_cast<size_t>(R), -1);
+    for (int d = 0; d < R; ++d) {
+      send_bytes[r].push_back((r + 3 * d) % (block + 1));
+      for (int64_t i = 0; i < block; ++i) send[r][d * block + i] = static_cast<uint8_t>(16 * r + d + i);
+    }
+  }
+  const std::function<void(int)> body = [&](int r) {
+    transports[r]->all_to_all_into(send[r].data(), send_bytes[r].data(), recv[r].data(),
+                                   recv_bytes[r].data(), block);
+  };
+  EXPECT_EQ(count_allocations([&] {
+              for (int i = 0; i < 3; ++i) group->run(body);
+            }),
+            0);
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < R; ++s) {
+      ASSERT_EQ(recv_bytes[r][s], send_bytes[s][r]);
+      for (int64_t i = 0; i < recv_bytes[r][s]; ++i)
+        EXPECT_EQ(recv[r][s * block + i], send[s][r * block + i]) << r << " from " << s;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, LoopbackTest, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(LoopbackTest, AllToAllIntoRejectsOversizedSendsAndMismatchedBlocks) {
+  auto group = LoopbackGroup::create(2);
+  std::vector<uint8_t> send(64), recv(64);
+  std::vector<int64_t> counts = {4, 4}, got(2);
+  try {
+    group->run([&](int r) {
+      std::vector<int64_t> sizes = {r == 1 ? 9 : 4, 4};
+      group->transport(r)->all_to_all_into(send.data(), sizes.data(), recv.data(), got.data(), 8);
+    });
+    FAIL() << "expected the oversized send to raise";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("send_bytes[0] = 9"), std::string::npos) << e.what();
+  }
+  try {
+    group->run([&](int r) {
+      std::vector<uint8_t> own_send(64), own_recv(64);
+      std::vector<int64_t> own_got(2);
+      group->transport(r)->all_to_all_into(own_send.data(), counts.data(), own_recv.data(),
+                                           own_got.data(), r == 0 ? 8 : 16);
+    });
+    FAIL() << "expected mismatched block sizes to raise";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("passed block_bytes"), std::string::npos) << e.what();
+  }
+  std::vector<std::vector<uint8_t>> recvs(2, std::vector<uint8_t>(16));
+  std::vector<std::vector<int64_t>> gots(2, std::vector<int64_t>(2));
+  group->run([&](int r) {  // the group recovers
+    group->transport(r)->all_to_all_into(send.data(), counts.data(), recvs[r].data(),
+                                         gots[r].data(), 8);
+  });
+  EXPECT_EQ(gots[1], counts);
+}
 
 TEST(LoopbackTest, BlockedCollectiveRaisesNamingTheFailedRank) {
   auto group = LoopbackGroup::create(2);
@@ -356,6 +425,195 @@ TEST(FlashinferDispatcherTest, PaddedLayoutAndPartialSums) {
         }
         EXPECT_EQ(outputs[r].ptr<uint16_t>()[t * H + h], f32_to_bf16(sum)) << r << " " << t;
       }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prepared rounds (capture): fixed buffers, no allocation, the eager round's bits.
+
+// The fake experts of the eager tests above, into a prepared round's combine input.
+void fake_low_latency(const DeepEPLLDispatchOutput& ll, int rank, int64_t L, const Tensor& y) {
+  const int64_t m_cap = ll.hidden_states.size(1), H = ll.hidden_states.size(2);
+  for (int64_t e = 0; e < L; ++e)
+    for (int64_t m = 0; m < ll.masked_m.ptr<int32_t>()[e]; ++m)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t i = (e * m_cap + m) * H + h;
+        y.ptr<uint16_t>()[i] = fake_expert(ll.hidden_states.ptr<uint16_t>()[i], rank * L + e);
+      }
+}
+
+void fake_partials(const FlashinferDispatchOutput& f, int rank, int64_t L, const Tensor& partial) {
+  const auto& topk = std::get<StandardTopKOutput>(f.topk_output);
+  const int64_t rows = f.hidden_states.size(0), H = f.hidden_states.size(1);
+  const int64_t k = topk.topk_ids.size(1);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t h = 0; h < H; ++h) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t e = topk.topk_ids.ptr<int32_t>()[n * k + j];
+        if (e >= 0 && e / L == rank)  // the invalid id (E) belongs to no rank
+          acc += bf16_to_f32(f.hidden_states.ptr<uint16_t>()[n * H + h]) *
+                 topk.topk_weights.ptr<float>()[n * k + j];
+      }
+      partial.ptr<uint16_t>()[n * H + h] = f32_to_bf16(acc);
+    }
+}
+
+struct RoundCase {
+  int ranks;
+  MoeA2ABackend a2a;
+  MoeRunnerBackend runner;
+};
+
+class PreparedRoundTest : public ::testing::TestWithParam<RoundCase> {};
+
+// Every rank prepares a round over static buffers of `cap` rows; each replay (new contents, any
+// token counts up to cap) must allocate nothing and equal the eager round on the same dispatcher.
+TEST_P(PreparedRoundTest, ReplayEqualsEagerRoundAndAllocatesNothing) {
+  const auto [R, a2a, runner] = GetParam();
+  const int64_t E = 4 * R, H = 32, k = 3, L = E / R, cap = 6;
+  auto group = LoopbackGroup::create(R);
+  std::vector<std::unique_ptr<BaseDispatcher>> dispatchers;
+  std::vector<Batch> statics;
+  std::vector<PreparedRoundPtr> rounds;
+  std::vector<Tensor> results, outputs;  // the fake experts' tensors, the rounds' outputs
+  for (int r = 0; r < R; ++r) {
+    if (a2a == MoeA2ABackend::DEEPEP) {
+      DeepEPConfig c;
+      c.num_experts = E;
+      c.num_local_experts = L;
+      c.hidden_size = H;
+      c.top_k = k;
+      c.mode = DeepEPMode::AUTO;  // captured as low-latency
+      c.num_max_dispatch_tokens_per_rank = 8;
+      c.runner_backend = runner;
+      c.routed_scaling_factor = 1.5f;
+      dispatchers.push_back(std::make_unique<DeepEPDispatcher>(group->transport(r), c));
+      dispatchers.back()->set_quant_config({{"dispatcher_output_dtype", std::string("bf16")}});
+    } else {
+      dispatchers.push_back(std::make_unique<FlashinferDispatcher>(
+          group->transport(r), FlashinferDispatchConfig{E, L, H, k, runner}));
+    }
+    statics.push_back(make_batch(cap, H, E, k, 90 + r));
+    rounds.push_back(dispatchers[r]->prepare_round(statics[r].hidden, statics[r].topk));
+    CombineInputPtr combine_input;
+    if (a2a == MoeA2ABackend::DEEPEP) {
+      results.push_back(Tensor::zeros({L, 8 * R, H}, DType::kBF16));  // m_cap = 8 · R
+      auto ll = std::make_shared<DeepEPLLCombineInput>();
+      ll->hidden_states = results.back();
+      combine_input = ll;
+    } else {
+      results.push_back(Tensor::zeros({R * cap, H}, DType::kBF16));
+      combine_input = std::make_shared<FlashinferCombineInput>(results.back());
+    }
+    outputs.push_back(rounds[r]->bind_combine(combine_input));
+  }
+  auto fake = [&](int r, const DispatchOutputPtr& out, const Tensor& y) {
+    if (a2a == MoeA2ABackend::DEEPEP)
+      fake_low_latency(dynamic_cast<const DeepEPLLDispatchOutput&>(*out), r, L, y);
+    else
+      fake_partials(dynamic_cast<const FlashinferDispatchOutput&>(*out), r, L, y);
+  };
+  std::vector<int64_t> counts(R);
+  const std::function<void(int)> replay = [&](int r) {
+    rounds[r]->dispatch(counts[r]);
+    fake(r, rounds[r]->dispatch_output(), results[r]);
+    rounds[r]->combine(counts[r]);
+  };
+  for (int pass = 0; pass < 4; ++pass) {
+    for (int r = 0; r < R; ++r) {
+      counts[r] = (pass + 2 * r) % (cap + 1);
+      const Batch fresh = make_batch(cap, H, E, k, 200 + 10 * pass + r);
+      std::memcpy(statics[r].hidden.view().data, fresh.hidden.view().data, cap * H * 2);
+      std::memcpy(statics[r].topk.topk_ids.view().data, fresh.topk.topk_ids.view().data, cap * k * 4);
+      std::memcpy(statics[r].topk.topk_weights.view().data, fresh.topk.topk_weights.view().data,
+                  cap * k * 4);
+    }
+    std::vector<Tensor> want(R);
+    group->run([&](int r) {  // the eager round on the same dispatchers
+      const Tensor x = Tensor::copy_of(statics[r].hidden.view().narrow(0, 0, counts[r]));
+      StandardTopKOutput topk{
+          Tensor::copy_of(statics[r].topk.topk_weights.view().narrow(0, 0, counts[r])),
+          Tensor::copy_of(statics[r].topk.topk_ids.view().narrow(0, 0, counts[r])), {}};
+      if (auto* deepep = dynamic_cast<DeepEPDispatcher*>(dispatchers[r].get()))
+        deepep->set_is_extend_in_batch(false);
+      DispatchOutputPtr out = dispatchers[r]->dispatch(x, topk);
+      Tensor y;
+      CombineInputPtr in;
+      if (a2a == MoeA2ABackend::DEEPEP) {
+        auto* ll = dynamic_cast<DeepEPLLDispatchOutput*>(out.get());
+        y = Tensor::zeros(ll->hidden_states.view().shape_vector(), DType::kBF16);
+        auto ll_in = std::make_shared<DeepEPLLCombineInput>();
+        ll_in->hidden_states = y;
+        in = ll_in;
+      } else {
+        y = Tensor::zeros({dynamic_cast<FlashinferDispatchOutput&>(*out).hidden_states.size(0), H},
+                          DType::kBF16);
+        in = std::make_shared<FlashinferCombineInput>(y);
+      }
+      fake(r, out, y);
+      want[r] = dispatchers[r]->combine(in);
+    });
+    EXPECT_EQ(count_allocations([&] { group->run(replay); }), 0) << "pass " << pass;
+    for (int r = 0; r < R; ++r) {
+      ASSERT_EQ(want[r].size(0), counts[r]);
+      EXPECT_EQ(0, std::memcmp(outputs[r].view().data, want[r].view().data, counts[r] * H * 2))
+          << "rank " << r << " pass " << pass;
+      for (int64_t i = counts[r] * H; i < cap * H; ++i)
+        ASSERT_EQ(outputs[r].ptr<uint16_t>()[i], 0) << "padding row of rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RanksBackends, PreparedRoundTest,
+    ::testing::Values(RoundCase{1, MoeA2ABackend::DEEPEP, MoeRunnerBackend::DEEP_GEMM},
+                      RoundCase{2, MoeA2ABackend::DEEPEP, MoeRunnerBackend::DEEP_GEMM},
+                      RoundCase{4, MoeA2ABackend::DEEPEP, MoeRunnerBackend::DEEP_GEMM},
+                      RoundCase{3, MoeA2ABackend::DEEPEP, MoeRunnerBackend::FLASHINFER_CUTEDSL},
+                      RoundCase{1, MoeA2ABackend::FLASHINFER, MoeRunnerBackend::FLASHINFER_CUTLASS},
+                      RoundCase{3, MoeA2ABackend::FLASHINFER, MoeRunnerBackend::FLASHINFER_CUTLASS},
+                      RoundCase{4, MoeA2ABackend::FLASHINFER, MoeRunnerBackend::FLASHINFER_CUTEDSL}),
+    [](const auto& info) {
+      return std::to_string(info.param.ranks) + "_" + to_string(info.param.a2a) + "_" +
+             to_string(info.param.runner);
+    });
+
+TEST(PreparedRoundTest, NormalModeAndOversizedCapacityAreRefusedAtCapture) {
+  auto group = LoopbackGroup::create(1);
+  DeepEPConfig c = small_config();
+  const Batch b = make_batch(4, c.hidden_size, c.num_experts, c.top_k, 3);
+  c.mode = DeepEPMode::NORMAL;
+  try {
+    DeepEPDispatcher(group->transport(0), c).prepare_round(b.hidden, b.topk);
+    FAIL() << "expected normal mode to be refused";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("normal mode cannot be captured"), std::string::npos);
+  }
+  c.mode = DeepEPMode::LOW_LATENCY;
+  c.num_max_dispatch_tokens_per_rank = 3;
+  EXPECT_THROW(DeepEPDispatcher(group->transport(0), c).prepare_round(b.hidden, b.topk),
+               DispatchCapacityError);
+}
+
+TEST(PreparedRoundTest, BadIdsAndNonFinitePayloadsRaiseBeforeSending) {
+  auto group = LoopbackGroup::create(1);
+  DeepEPConfig c = small_config();  // FP8 payload
+  c.mode = DeepEPMode::LOW_LATENCY;
+  DeepEPDispatcher d(group->transport(0), c);
+  Batch b = make_batch(4, c.hidden_size, c.num_experts, c.top_k, 5);
+  PreparedRoundPtr round = d.prepare_round(b.hidden, b.topk);
+  b.topk.topk_ids.ptr<int32_t>()[3] = 4;
+  EXPECT_THROW(group->run([&](int) { round->dispatch(4); }), OutOfRange);
+  b.topk.topk_ids.ptr<int32_t>()[3] = 1;
+  b.topk.topk_ids.ptr<int32_t>()[0] = 0;
+  b.hidden.ptr<uint16_t>()[5] = 0x7FC0;  // NaN in token 0
+  try {
+    group->run([&](int) { round->dispatch(4); });
+    FAIL() << "expected the NaN to raise";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("row 0 holds a non-finite value"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -218,6 +218,26 @@ PreparedCase cutlass_fp8_standard(int64_t tokens) {
   return c;
 }
 
+// The same StandardDispatchOutput under a2a flashinfer: its rules (the invalid-token id
+// num_experts = 2E is a token with no expert here) follow the runner's a2a backend, not the format.
+PreparedCase cutlass_fp8_standard_flashinfer_a2a(int64_t tokens) {
+  PreparedCase c = cutlass_fp8_standard(tokens);
+  c.a2a = MoeA2ABackend::FLASHINFER;
+  auto d = std::static_pointer_cast<StandardDispatchOutput>(c.dispatch);
+  const auto& topk = std::get<StandardTopKOutput>(d->topk_output);
+  const Tensor ids = topk.topk_ids, weights = topk.topk_weights;
+  const int64_t E = 3;
+  std::mt19937 rng(14);
+  fill_routing(rng, ids, weights, -1, 2 * E);
+  const Tensor x = d->hidden_states;
+  c.refill = [=](std::mt19937& r) {
+    fill_normal(r, x);
+    fill_routing(r, ids, weights, -1, 2 * E);
+  };
+  c.corruptions = {bad_id(ids, 2 * E + 1)};
+  return c;
+}
+
 // quant_type "fp8" over a bypassed top-k: the router logits are routed again by every run.
 PreparedCase cutlass_fp8_bypassed(int64_t tokens) {
   PreparedCase c = cutlass_fp8_standard(tokens);
@@ -550,6 +570,7 @@ std::vector<CaseSpec> cases() {
       {"cutlass_bf16_standard", cutlass_bf16_standard},
       {"cutlass_fp8_standard_ep", cutlass_fp8_standard},
       {"cutlass_fp8_standard_bypassed_topk", cutlass_fp8_bypassed},
+      {"cutlass_fp8_standard_under_flashinfer_a2a", cutlass_fp8_standard_flashinfer_a2a},
       {"cutlass_fp4_standard", cutlass_fp4_standard},
       {"cutlass_fp4_standard_swizzled_nvfp4_input", cutlass_fp4_standard_swizzled_input},
       {"cutlass_fp4_flashinfer_linear_nvfp4_input_moe_output", cutlass_fp4_flashinfer_linear_input},

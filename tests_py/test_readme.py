@@ -43,3 +43,13 @@ def test_readme_capture_example_replays_bitwise():
     ns = {}
     exec(compile(capture_example, f"{README}:capture", "exec"), ns)  # noqa: S102
     assert ns["graph"].capacity == 8
+
+
+def test_readme_expert_parallel_examples_run_and_capture_bitwise():
+    blocks = _python_blocks()
+    group_example = next(b for b in blocks if "ExpertParallelGroup(" in b)
+    group_capture = next(b for b in blocks if "MoeGraphRunner(group" in b)
+    ns = {}
+    exec(compile(group_example, f"{README}:expert-parallel", "exec"), ns)  # noqa: S102
+    exec(compile(group_capture, f"{README}:group-capture", "exec"), ns)  # noqa: S102
+    assert ns["graph"].capacity == 4 and ns["graph"].size == 2

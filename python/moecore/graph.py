@@ -16,6 +16,14 @@ or, without copies, the engine way::
     y = graph.output[:T]                                     # valid until the next replay
 
 Replay allocates nothing and equals ``layer.forward`` on the real rows bit for bit.
+
+An :class:`moecore.ExpertParallelGroup` captures the same way (one
+:class:`moecore.CapturedGroupForward` per bucket, every rank padded to the bucket of the
+largest rank's batch, as engines pad their data-parallel ranks); ``forward`` then takes and
+returns one array per rank::
+
+    graphs = moecore.MoeGraphRunner(group, bucket_sizes=[1, 2, 4, 8]).capture()
+    outs = graphs.forward([x0, x1], [logits0, logits1])     # == group.forward(..., False)
 """
 
 from __future__ import annotations
@@ -33,9 +41,9 @@ __all__ = ["MoeGraphRunner"]
 
 
 class MoeGraphRunner:
-    """Captures ``layer`` for each bucket size when ``capture()`` is called (``input``
-    'router_logits' or 'topk'; ``dtype`` the activation dtype, default the layer's params
-    dtype)."""
+    """Captures ``layer`` (a FusedMoE, or an ExpertParallelGroup) for each bucket size when
+    ``capture()`` is called (``input`` 'router_logits' or 'topk'; ``dtype`` the activation
+    dtype, default the layer's params dtype; a group's dispatchers take bf16)."""
 
     def __init__(self, layer, bucket_sizes: Iterable[int], *, input: str = "router_logits",
                  dtype=None):
@@ -48,6 +56,12 @@ class MoeGraphRunner:
         if input not in ("router_logits", "topk"):
             raise InvalidArgumentError(
                 f"MoeGraphRunner: input must be 'router_logits' or 'topk', got {input!r}")
+        self.expert_parallel = isinstance(layer, _moecore.ExpertParallelGroup)
+        dtype_name = dtype if dtype is None or isinstance(dtype, str) else np.dtype(dtype).name
+        if self.expert_parallel and dtype_name not in (None, "bf16", "bfloat16"):
+            raise InvalidArgumentError(
+                f"MoeGraphRunner: an expert-parallel group dispatches bf16 hidden states, got "
+                f"dtype {dtype!r}")
         self.layer = layer
         self.input = input
         self.dtype = dtype
@@ -58,8 +72,12 @@ class MoeGraphRunner:
     def capture(self) -> "MoeGraphRunner":
         """Captures every bucket (allocating its buffers, workspace and schedule). Call after
         process_weights_after_loading; capturing again replaces the graphs."""
-        graphs = {b: _moecore.CapturedForward(self.layer, b, input=self.input, dtype=self.dtype)
-                  for b in self.bucket_sizes}
+        if self.expert_parallel:
+            graphs = {b: self.layer.capture(b, input=self.input) for b in self.bucket_sizes}
+        else:
+            graphs = {b: _moecore.CapturedForward(self.layer, b, input=self.input,
+                                                  dtype=self.dtype)
+                      for b in self.bucket_sizes}
         with self._lock:
             self.graphs = graphs
         return self
@@ -76,49 +94,74 @@ class MoeGraphRunner:
         return self.bucket_sizes[bisect.bisect_left(self.bucket_sizes, num_tokens)]
 
     def graph_for(self, num_tokens: int):
-        """The CapturedForward of the smallest bucket >= num_tokens."""
+        """The CapturedForward (a group's CapturedGroupForward) of the smallest bucket >=
+        num_tokens."""
         bucket = self.bucket_for(num_tokens)
         if not self.graphs:
             raise InvalidArgumentError("MoeGraphRunner: call capture() before replaying")
         return self.graphs[bucket]
 
-    def forward(self, hidden_states, router_logits=None, *, topk_ids=None,
-                topk_weights=None) -> np.ndarray:
+    def forward(self, hidden_states, router_logits=None, *, topk_ids=None, topk_weights=None):
         """Copies a batch into its bucket's static buffers, replays, and returns a copy of the
-        real rows' output. Safe to call from several threads (calls take turns)."""
-        hidden_states = np.asarray(hidden_states)
-        if hidden_states.ndim != 2:
-            raise InvalidArgumentError(
-                f"MoeGraphRunner.forward: expected hidden_states [T, H], got shape "
-                f"{hidden_states.shape}")
-        t = hidden_states.shape[0]
-        graph = self.graph_for(t)
-        rows = {"hidden_states": hidden_states}
+        real rows' output (for a group: lists with one entry per rank, and a list of outputs).
+        Safe to call from several threads (calls take turns)."""
         if self.input == "router_logits":
             if router_logits is None or topk_ids is not None or topk_weights is not None:
                 raise InvalidArgumentError(
                     "MoeGraphRunner.forward: this runner was captured for router_logits; pass "
                     "router_logits only")
-            rows["router_logits"] = router_logits
+            inputs = {"hidden_states": hidden_states, "router_logits": router_logits}
         else:
             if topk_ids is None or topk_weights is None or router_logits is not None:
                 raise InvalidArgumentError(
                     "MoeGraphRunner.forward: this runner was captured for a top-k input; pass "
                     "topk_ids and topk_weights")
-            rows["topk_ids"] = topk_ids
-            rows["topk_weights"] = topk_weights
+            inputs = {"hidden_states": hidden_states, "topk_ids": topk_ids,
+                      "topk_weights": topk_weights}
+        if not self.expert_parallel:
+            rows = {name: np.asarray(value) for name, value in inputs.items()}
+            t = self._num_tokens(rows["hidden_states"])
+            graph = self.graph_for(t)
+            with self._lock:
+                self._fill(graph, rows, t)
+                graph.replay(t)
+                return graph.output[:t].copy()
+        ranks = self.layer.size
+        per_rank = []
+        for name, values in inputs.items():
+            if not isinstance(values, (list, tuple)) or len(values) != ranks:
+                raise InvalidArgumentError(
+                    f"MoeGraphRunner.forward: expected {name} as a list of {ranks} arrays (one "
+                    f"per rank)")
+        for r in range(ranks):
+            per_rank.append({name: np.asarray(values[r]) for name, values in inputs.items()})
+        counts = [self._num_tokens(rows["hidden_states"]) for rows in per_rank]
+        graph = self.graph_for(max(counts))
         with self._lock:
-            for name, value in rows.items():
-                static = getattr(graph, name)
-                value = np.asarray(value)
-                if value.shape != (t,) + static.shape[1:]:
-                    raise InvalidArgumentError(
-                        f"MoeGraphRunner.forward: expected {name} of shape "
-                        f"{(t,) + static.shape[1:]}, got {value.shape}")
-                if value.dtype != static.dtype:
-                    raise InvalidArgumentError(
-                        f"MoeGraphRunner.forward: expected {name} of dtype {static.dtype}, got "
-                        f"{value.dtype}")
-                static[:t] = value
-            graph.replay(t)
-            return graph.output[:t].copy()
+            for rank_graph, rows, t in zip(graph.ranks, per_rank, counts):
+                self._fill(rank_graph, rows, t)
+            graph.replay(counts)
+            return [rank_graph.output[:t].copy() for rank_graph, t in zip(graph.ranks, counts)]
+
+    @staticmethod
+    def _num_tokens(hidden_states) -> int:
+        if hidden_states.ndim != 2:
+            raise InvalidArgumentError(
+                f"MoeGraphRunner.forward: expected hidden_states [T, H], got shape "
+                f"{hidden_states.shape}")
+        return hidden_states.shape[0]
+
+    @staticmethod
+    def _fill(graph, rows, t) -> None:
+        """Checks each input against its static buffer and copies it into the first t rows."""
+        for name, value in rows.items():
+            static = getattr(graph, name)
+            if value.shape != (t,) + static.shape[1:]:
+                raise InvalidArgumentError(
+                    f"MoeGraphRunner.forward: expected {name} of shape "
+                    f"{(t,) + static.shape[1:]}, got {value.shape}")
+            if value.dtype != static.dtype:
+                raise InvalidArgumentError(
+                    f"MoeGraphRunner.forward: expected {name} of dtype {static.dtype}, got "
+                    f"{value.dtype}")
+            static[:t] = value

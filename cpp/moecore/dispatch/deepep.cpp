@@ -5,7 +5,9 @@
 // in the order they arrived, so the home rank knows each row's (token, slot) without metadata.
 #include "moecore/dispatch/deepep.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "moecore/core/error.h"
 #include "moecore/formats/quantize.h"
@@ -38,6 +40,59 @@ void check_r5(const DeepEPConfig& c, DispatchPayload payload) {
                 ": round_scale/use_ue8m0 apply only to an FP8 payload, but this dispatch sends ",
                 payload_name(payload), " (runner backend ", to_string(c.runner_backend), ")");
 }
+
+/// The payload dispatch encodes with, checked against hidden_size.
+PayloadCodec payload_codec(const DeepEPDispatcher& d, const char* api) {
+  const DeepEPConfig& c = d.config();
+  PayloadCodec codec;
+  codec.payload = d.resolve_payload();
+  check_r5(c, codec.payload);
+  MOECORE_CHECK(codec.payload != DispatchPayload::kFP8 || c.hidden_size % kFp8GroupSize == 0, api,
+                ": an FP8 payload needs hidden_size % 128 == 0, got ", c.hidden_size);
+  MOECORE_CHECK(codec.payload != DispatchPayload::kNVFP4 || c.hidden_size % 16 == 0, api,
+                ": an NVFP4 payload needs hidden_size % 16 == 0, got ", c.hidden_size);
+  codec.hidden = c.hidden_size;
+  codec.global_scale = input_global_scale(d.quant_config(), api).value_or(1.0f);
+  codec.ue8m0 = c.round_scale || c.use_ue8m0;
+  return codec;
+}
+
+/// Low-latency capacity: every expert holds num_max_dispatch_tokens_per_rank rows per source
+/// rank. Raised before anything is sent. per_expert: scratch of num_experts counters.
+void check_low_latency_capacity(const char* api, const DeepEPConfig& c, const int32_t* ids,
+                                int64_t num_tokens, std::vector<int64_t>& per_expert) {
+  const int64_t cap = c.num_max_dispatch_tokens_per_rank;
+  if (num_tokens > cap)
+    MOECORE_THROW(DispatchCapacityError, api, ": low-latency dispatch of ", num_tokens,
+                  " tokens exceeds num_max_dispatch_tokens_per_rank = ", cap);
+  per_expert.assign(static_cast<size_t>(c.num_experts), 0);
+  for (int64_t s = 0; s < num_tokens * c.top_k; ++s)
+    if (ids[s] >= 0 && ++per_expert[ids[s]] > cap)
+      MOECORE_THROW(DispatchCapacityError, api, ": expert ", ids[s],
+                    " gets more than num_max_dispatch_tokens_per_rank = ", cap,
+                    " rows from this rank (duplicate ids)");
+}
+
+/// combine_b's arithmetic over one bf16 row per slot (slots contiguous bf16 [≥ T, k, H]; rows
+/// of ids −1 are not read) into the first T rows of out (contiguous bf16 [≥ T, H]),
+/// T = num_tokens:
+///   deep_gemm: post_reorder's (SlotReorder, which the caller sized);
+///   others:    DeepEP's combine, round(Σ_j w_j·o_j) in fp32.
+void reduce_slots(const DeepEPConfig& c, const StandardTopKOutput& topk, int64_t num_tokens,
+                  const TensorView& slots, const TensorView& out, SlotReorder* reorder) {
+  RoutedTokens tokens;
+  tokens.topk_ids = topk.topk_ids.view().narrow(0, 0, num_tokens);
+  tokens.topk_weights = topk.topk_weights.view().narrow(0, 0, num_tokens);
+  tokens.num_tokens = num_tokens;
+  tokens.top_k = c.top_k;
+  if (c.runner_backend == MoeRunnerBackend::DEEP_GEMM) {
+    reorder->run(tokens, slots.ptr<uint16_t>(), out.ptr<uint16_t>());
+    return;
+  }
+  combine_topk(tokens, slots.narrow(0, 0, num_tokens), /*weighted=*/true, 1.0f,
+               out.narrow(0, 0, num_tokens));
+}
+
 }  // namespace
 
 DeepEPDispatcher::DeepEPDispatcher(TransportPtr transport, DeepEPConfig config)
@@ -101,35 +156,14 @@ void DeepEPDispatcher::dispatch_a(const Tensor& hidden_states, const TopKOutput&
   const DeepEPConfig& c = config_;
   StandardTopKOutput topk =
       check_dispatch_input(api, hidden_states, topk_in, c.hidden_size, c.top_k, c.num_experts);
-  const DispatchPayload payload = resolve_payload();
-  check_r5(c, payload);
-  MOECORE_CHECK(payload != DispatchPayload::kFP8 || c.hidden_size % kFp8GroupSize == 0, api,
-                ": an FP8 payload needs hidden_size % 128 == 0, got ", c.hidden_size);
-  MOECORE_CHECK(payload != DispatchPayload::kNVFP4 || c.hidden_size % 16 == 0, api,
-                ": an NVFP4 payload needs hidden_size % 16 == 0, got ", c.hidden_size);
-  const float gs = input_global_scale(quant_config_, api).value_or(1.0f);
+  const PayloadCodec codec = payload_codec(*this, api);
   const DeepEPMode mode = resolve_deepep_mode(c.mode, is_extend_in_batch_);
-  const int64_t T = hidden_states.size(0), k = c.top_k;
-  const int32_t* ids = topk.topk_ids.ptr<int32_t>();
   if (mode == DeepEPMode::LOW_LATENCY) {
-    // Each expert holds num_max_dispatch_tokens_per_rank rows per source rank.
-    const int64_t cap = c.num_max_dispatch_tokens_per_rank;
-    if (T > cap)
-      MOECORE_THROW(DispatchCapacityError, api, ": low-latency dispatch of ", T,
-                    " tokens exceeds "
-                    "num_max_dispatch_tokens_per_rank = ",
-                    cap);
-    std::vector<int64_t> per_expert(static_cast<size_t>(c.num_experts), 0);
-    for (int64_t s = 0; s < T * k; ++s)
-      if (ids[s] >= 0 && ++per_expert[ids[s]] > cap)
-        MOECORE_THROW(DispatchCapacityError, api, ": expert ", ids[s],
-                      " gets more than "
-                      "num_max_dispatch_tokens_per_rank = ",
-                      cap,
-                      " rows from this rank "
-                      "(duplicate ids)");
+    std::vector<int64_t> per_expert;
+    check_low_latency_capacity(api, c, topk.topk_ids.ptr<int32_t>(), hidden_states.size(0),
+                               per_expert);
   }
-  PayloadRows rows = quantize_payload(hidden_states, payload, gs, c.round_scale || c.use_ue8m0);
+  PayloadRows rows = quantize_payload(api, hidden_states, codec);
   round_mode_ = mode;
   round_topk_ = topk;
   round_payload_ = rows;
@@ -206,7 +240,7 @@ DispatchOutputPtr DeepEPDispatcher::dispatch_b() {
   const int64_t R = transport_->size(), L = config_.num_local_experts, k = config_.top_k;
   if (ll) {
     const int64_t m_cap = max_rows_per_expert();
-    PayloadRows rows = allocate_payload(round_payload_, {L, m_cap});
+    PayloadRows rows = allocate_payload(round_payload_.codec, {L, m_cap});
     Tensor masked_m = Tensor::zeros({L}, DType::kI32);
     int32_t* masked = masked_m.ptr<int32_t>();
     for (int64_t s = 0; s < R; ++s)
@@ -217,7 +251,7 @@ DispatchOutputPtr DeepEPDispatcher::dispatch_b() {
         MOECORE_INTERNAL_CHECK(local >= 0 && local < L && masked[local] < m_cap,
                                "DeepEP low-latency receive overflow");
         const int64_t dst = local * m_cap + masked[local]++;
-        read_payload_row(rec + 4, dst, rows);
+        rows.read_row(rec + 4, dst);
         received_[s].push_back(dst);
       }
     auto ll_out = std::make_shared<DeepEPLLDispatchOutput>();
@@ -232,7 +266,7 @@ DispatchOutputPtr DeepEPDispatcher::dispatch_b() {
   } else {
     int64_t n_recv = 0;
     for (int64_t count : recv_counts) n_recv += count;
-    PayloadRows rows = allocate_payload(round_payload_, {n_recv});
+    PayloadRows rows = allocate_payload(round_payload_.codec, {n_recv});
     Tensor ids = Tensor::empty({n_recv, k}, DType::kI32);
     Tensor weights = Tensor::empty({n_recv, k}, DType::kF32);
     std::vector<int64_t> per_expert(static_cast<size_t>(L), 0);
@@ -242,7 +276,7 @@ DispatchOutputPtr DeepEPDispatcher::dispatch_b() {
         const uint8_t* rec = recv[s].data() + i * record;
         std::memcpy(ids.ptr<int32_t>() + n * k, rec, 4 * k);
         std::memcpy(weights.ptr<float>() + n * k, rec + 4 * k, 4 * k);
-        read_payload_row(rec + 8 * k, n, rows);
+        rows.read_row(rec + 8 * k, n);
         for (int64_t j = 0; j < k; ++j) {
           const int32_t e = ids.ptr<int32_t>()[n * k + j];
           MOECORE_INTERNAL_CHECK(e >= -1 && e < L, "DeepEP normal receive: bad local id");
@@ -320,9 +354,7 @@ Tensor DeepEPDispatcher::combine_b() {
   const int64_t H = config_.hidden_size, row_bytes = H * 2;
   const int64_t T = round_topk_.topk_ids.size(0);
   const int32_t* ids = round_topk_.topk_ids.ptr<int32_t>();
-  // One bf16 row per slot t·k + j, padded to whole [E, rows, H] slabs for post_reorder.
-  const int64_t E = config_.num_experts;
-  Tensor slot_out = Tensor::zeros({E * ((T * k + E - 1) / E), H}, DType::kBF16);
+  Tensor slot_out = Tensor::zeros({T, k, H}, DType::kBF16);  // one row per slot t·k + j
   uint8_t* slots = static_cast<uint8_t*>(slot_out.view().data);
   for (int64_t d = 0; d < R; ++d) {
     std::vector<int64_t> order;  // the slots rank d returns, in the order it returns them
@@ -339,7 +371,11 @@ Tensor DeepEPDispatcher::combine_b() {
     for (size_t i = 0; i < order.size(); ++i)
       std::memcpy(slots + order[i] * row_bytes, recv[d].data() + i * row_bytes, row_bytes);
   }
-  Tensor out = reduce_slots(slot_out);
+  Tensor out = Tensor::empty({T, H}, DType::kBF16);
+  std::unique_ptr<SlotReorder> reorder;
+  if (config_.runner_backend == MoeRunnerBackend::DEEP_GEMM)
+    reorder = std::make_unique<SlotReorder>(T * k, H, config_.routed_scaling_factor);
+  reduce_slots(config_, round_topk_, T, slot_out.view(), out.view(), reorder.get());
   abort_round();  // the round is complete
   return out;
 }
@@ -352,29 +388,183 @@ void DeepEPDispatcher::abort_round() {
   stage_ = Stage::kInitial;
 }
 
-Tensor DeepEPDispatcher::reduce_slots(const Tensor& slot_out) const {
-  const Tensor& ids = round_topk_.topk_ids;
-  const Tensor& weights = round_topk_.topk_weights;
-  const int64_t T = ids.size(0), k = ids.size(1), H = config_.hidden_size;
-  const int64_t E = config_.num_experts;
-  if (config_.runner_backend == MoeRunnerBackend::DEEP_GEMM) {
-    // The slot rows as post_reorder's [E, m, H] buffer (it checks ids against E); src2dst is
-    // the identity.
-    Tensor down(make_view(slot_out.view().data, DType::kBF16, {E, slot_out.size(0) / E, H}),
-                slot_out.owner());
-    Tensor src2dst = Tensor::empty({T * k}, DType::kI32);
-    for (int64_t s = 0; s < T * k; ++s) src2dst.ptr<int32_t>()[s] = static_cast<int32_t>(s);
-    return deepgemm_post_reorder(down, src2dst, ids, weights, config_.routed_scaling_factor);
+namespace {
+
+/// The low-latency round over fixed buffers, in the eager round's layouts: records
+/// [i32 local expert][payload row] per (token, slot) in token then slot order, received in
+/// source-rank order into rows local·m_cap + arrival; combine returns the rows in arrival order.
+class DeepEPLowLatencyRound : public PreparedRound {
+ public:
+  DeepEPLowLatencyRound(const DeepEPDispatcher& d, const Tensor& hidden_states,
+                        const StandardTopKOutput& topk, const PayloadCodec& codec)
+      : transport_(d.transport()),
+        config_(d.config()),
+        R_(transport_->size()),
+        cap_(hidden_states.size(0)),
+        m_cap_(d.max_rows_per_expert()),
+        hidden_states_(hidden_states),
+        topk_(topk),
+        staged_(allocate_payload(codec, {cap_})),
+        rows_(allocate_payload(codec, {config_.num_local_experts, m_cap_})),
+        masked_m_(Tensor::zeros({config_.num_local_experts}, DType::kI32)),
+        record_(4 + codec.row_bytes()),
+        max_slots_(cap_ * config_.top_k),
+        block_bytes_(max_slots_ * std::max(record_, 2 * config_.hidden_size)),
+        send_(static_cast<size_t>(R_ * block_bytes_)),
+        recv_(send_.size()),
+        send_bytes_(static_cast<size_t>(R_)),
+        recv_bytes_(static_cast<size_t>(R_)),
+        sent_(static_cast<size_t>(R_ * max_slots_)),
+        sent_count_(static_cast<size_t>(R_)),
+        received_(static_cast<size_t>(R_ * max_slots_)),
+        received_count_(static_cast<size_t>(R_)),
+        per_expert_(static_cast<size_t>(config_.num_experts)),
+        slots_(Tensor::zeros({cap_, config_.top_k, config_.hidden_size}, DType::kBF16)) {
+    auto out = std::make_shared<DeepEPLLDispatchOutput>();
+    out->hidden_states = rows_.q;
+    out->hidden_states_scale = rows_.scale;
+    out->topk_ids = topk.topk_ids;
+    out->topk_weights = topk.topk_weights;
+    out->masked_m = masked_m_;
+    out->expected_m = (cap_ * R_ * config_.top_k + config_.num_experts) / config_.num_experts;
+    dispatch_output_ = out;
+    if (config_.runner_backend == MoeRunnerBackend::DEEP_GEMM)
+      reorder_ = std::make_unique<SlotReorder>(max_slots_, config_.hidden_size,
+                                               config_.routed_scaling_factor);
   }
-  RoutedTokens tokens;
-  tokens.topk_ids = ids.view();
-  tokens.topk_weights = weights.view();
-  tokens.num_tokens = T;
-  tokens.top_k = k;
-  Tensor out = Tensor::empty({T, H}, DType::kBF16);
-  combine_topk(tokens, make_view(slot_out.view().data, DType::kBF16, {T, k, H}),
-               /*weighted=*/true, 1.0f, out.view());
-  return out;
+
+  Tensor bind_combine(const CombineInputPtr& combine_input) override {
+    const char* api = "DeepEPDispatcher.combine";
+    auto* in = dynamic_cast<const DeepEPLLCombineInput*>(combine_input.get());
+    MOECORE_CHECK_DTYPE(in != nullptr, api, ": expected a DeepEPLLCombineInput");
+    const std::vector<int64_t> want = {config_.num_local_experts, m_cap_, config_.hidden_size};
+    const Tensor& h = in->hidden_states;
+    MOECORE_CHECK_DTYPE(h.defined() && h.dtype() == DType::kBF16, api,
+                        ": expected bf16 expert outputs, got ", h.describe());
+    MOECORE_CHECK(h.view().shape_vector() == want && h.view().is_contiguous(), api,
+                  ": expected contiguous hidden_states ", shape_string(want), ", got ",
+                  h.describe());
+    expert_out_ = h;
+    output_ = Tensor::zeros({cap_, config_.hidden_size}, DType::kBF16);
+    return output_;
+  }
+
+  void dispatch(int64_t num_tokens) override {
+    const char* api = "DeepEPDispatcher.dispatch";
+    const int64_t L = config_.num_local_experts, k = config_.top_k;
+    const int32_t* ids = topk_.topk_ids.ptr<int32_t>();
+    for (int64_t s = 0; s < num_tokens * k; ++s)
+      MOECORE_CHECK_INDEX(ids[s] >= -1 && ids[s] < config_.num_experts, api,
+                          ": topk_ids must be in [-1, ", config_.num_experts, "), got ", ids[s],
+                          " at [", s / k, ", ", s % k, "]");
+    check_low_latency_capacity(api, config_, ids, num_tokens, per_expert_);
+    // Each routed token is encoded once, then copied into one record per slot.
+    const auto* x = hidden_states_.ptr<uint16_t>();
+    const int64_t stride = hidden_states_.view().strides[0];
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      bool routed = false;
+      for (int64_t j = 0; j < k; ++j) routed = routed || ids[t * k + j] >= 0;
+      if (routed &&
+          !staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
+        staged_.codec.throw_non_finite(api, t);
+    }
+    std::fill(send_bytes_.begin(), send_bytes_.end(), 0);
+    std::fill(sent_count_.begin(), sent_count_.end(), 0);
+    for (int64_t s = 0; s < num_tokens * k; ++s) {
+      if (ids[s] < 0) continue;
+      const int64_t dest = ids[s] / L;
+      const int32_t local = static_cast<int32_t>(ids[s] % L);
+      uint8_t* rec = send_.data() + dest * block_bytes_ + send_bytes_[dest];
+      std::memcpy(rec, &local, 4);
+      staged_.write_row(s / k, rec + 4);
+      send_bytes_[dest] += record_;
+      sent_[dest * max_slots_ + sent_count_[dest]++] = s;
+    }
+    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
+                                block_bytes_);
+    int32_t* masked = masked_m_.ptr<int32_t>();
+    std::fill(masked, masked + L, 0);
+    for (int64_t src = 0; src < R_; ++src) {
+      const int64_t n = recv_bytes_[src] / record_;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* rec = recv_.data() + src * block_bytes_ + i * record_;
+        int32_t local;
+        std::memcpy(&local, rec, 4);
+        MOECORE_INTERNAL_CHECK(local >= 0 && local < L && masked[local] < m_cap_,
+                               "DeepEP low-latency receive overflow");
+        const int64_t dst = local * m_cap_ + masked[local]++;
+        rows_.read_row(rec + 4, dst);
+        received_[src * max_slots_ + i] = dst;
+      }
+      received_count_[src] = n;
+    }
+  }
+
+  void combine(int64_t num_tokens) override {
+    const int64_t H = config_.hidden_size, row_bytes = 2 * H;
+    const auto* expert_rows = static_cast<const uint8_t*>(expert_out_.view().data);
+    for (int64_t src = 0; src < R_; ++src) {
+      uint8_t* block = send_.data() + src * block_bytes_;
+      for (int64_t i = 0; i < received_count_[src]; ++i)
+        std::memcpy(block + i * row_bytes, expert_rows + received_[src * max_slots_ + i] * row_bytes,
+                    static_cast<size_t>(row_bytes));
+      send_bytes_[src] = received_count_[src] * row_bytes;
+    }
+    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
+                                block_bytes_);
+    auto* slots = static_cast<uint8_t*>(slots_.view().data);
+    for (int64_t d = 0; d < R_; ++d) {
+      MOECORE_INTERNAL_CHECK(recv_bytes_[d] == sent_count_[d] * row_bytes, "DeepEP combine: rank ",
+                             d, " returned ", recv_bytes_[d], " bytes");
+      for (int64_t i = 0; i < sent_count_[d]; ++i)
+        std::memcpy(slots + sent_[d * max_slots_ + i] * row_bytes,
+                    recv_.data() + d * block_bytes_ + i * row_bytes, static_cast<size_t>(row_bytes));
+    }
+    reduce_slots(config_, topk_, num_tokens, slots_.view(), output_.view(), reorder_.get());
+    uint16_t* out = output_.ptr<uint16_t>();
+    std::fill(out + num_tokens * H, out + cap_ * H, uint16_t{0});
+  }
+
+ private:
+  TransportPtr transport_;
+  DeepEPConfig config_;
+  int64_t R_, cap_, m_cap_;
+  Tensor hidden_states_;
+  StandardTopKOutput topk_;
+  PayloadRows staged_;  // [cap]: this rank's routed tokens, encoded
+  PayloadRows rows_;    // [L, m_cap]: the dispatch output's received rows
+  Tensor masked_m_;
+  int64_t record_, max_slots_, block_bytes_;
+  std::vector<uint8_t> send_, recv_;  // R blocks of block_bytes_, for dispatch and combine
+  std::vector<int64_t> send_bytes_, recv_bytes_;
+  std::vector<int64_t> sent_, sent_count_;          // [dest][i]: slot t·k + j sent
+  std::vector<int64_t> received_, received_count_;  // [src][i]: its receive row
+  std::vector<int64_t> per_expert_;
+  Tensor expert_out_;  // the runner's combine input [L, m_cap, H]
+  Tensor slots_;       // [cap, k, H]: the returned rows, one per slot
+  Tensor output_;
+  std::unique_ptr<SlotReorder> reorder_;
+};
+
+}  // namespace
+
+PreparedRoundPtr DeepEPDispatcher::prepare_round(const Tensor& hidden_states,
+                                                 const StandardTopKOutput& topk) {
+  const char* api = "DeepEPDispatcher.capture";
+  const DeepEPConfig& c = config_;
+  if (resolve_deepep_mode(c.mode, /*is_extend_in_batch=*/false) != DeepEPMode::LOW_LATENCY)
+    MOECORE_UNSUPPORTED(api,
+                        ": DeepEP normal mode cannot be captured: its receive layout follows each "
+                        "batch (sglang runs it eagerly); capture with deepep_mode low_latency or "
+                        "auto");
+  const int64_t capacity = hidden_states.size(0);
+  if (capacity > c.num_max_dispatch_tokens_per_rank)
+    MOECORE_THROW(DispatchCapacityError, api, ": a capacity of ", capacity,
+                  " tokens exceeds num_max_dispatch_tokens_per_rank = ",
+                  c.num_max_dispatch_tokens_per_rank);
+  check_round_buffers(api, hidden_states, topk, c.hidden_size, c.top_k, c.num_experts);
+  return std::make_unique<DeepEPLowLatencyRound>(*this, hidden_states, topk,
+                                                 payload_codec(*this, api));
 }
 
 }  // namespace moecore

@@ -44,6 +44,12 @@ class DeepEPDispatcher : public BaseDispatcher {
   DispatchOutputPtr dispatch(const Tensor& hidden_states, const TopKOutput& topk) override;
   /// combine_a then combine_b.
   Tensor combine(const CombineInputPtr& combine_input) override;
+  /// A low-latency round over fixed buffers (capacity ≤ num_max_dispatch_tokens_per_rank), with
+  /// the eager round's layouts, so it gives the same bits. Normal mode cannot be captured (its
+  /// receive layout follows each batch; sglang runs it eagerly): AUTO resolves to low-latency
+  /// here, as for the decode batches an engine captures, and NORMAL raises Unsupported.
+  PreparedRoundPtr prepare_round(const Tensor& hidden_states,
+                                 const StandardTopKOutput& topk) override;
 
   /// hidden_states bf16 [T_local, H]; topk ids [T_local, k] global in [−1, E), f32 weights.
   /// Validates, resolves the mode and payload, quantizes and posts the sends.
@@ -85,8 +91,6 @@ class DeepEPDispatcher : public BaseDispatcher {
   void post_normal(const PayloadRows& rows, const StandardTopKOutput& topk);
   DispatchOutputPtr receive_low_latency();
   DispatchOutputPtr receive_normal();
-  /// slot_out bf16 [E·⌈T·k/E⌉, H]: row t·k + j holds slot j of token t (zero if id −1).
-  Tensor reduce_slots(const Tensor& slot_out) const;
 
   TransportPtr transport_;
   DeepEPConfig config_;

@@ -6,6 +6,7 @@
 #include <any>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <variant>
 
@@ -17,6 +18,31 @@ namespace moecore {
 /// One value of a dispatcher's quant_config dict ({"dispatcher_output_dtype": "bf16", ...}).
 using QuantConfigValue = std::variant<std::monostate, bool, int64_t, double, std::string, Tensor>;
 using QuantConfig = std::map<std::string, QuantConfigValue>;
+
+/// A dispatcher round prepared once for a token capacity: the capturable form of dispatch and
+/// combine, as DeepEP low-latency's and FlashInfer MoeAlltoAll's fixed buffers are under a CUDA
+/// graph. Everything is allocated when the round is prepared; dispatch() and combine() allocate
+/// nothing and do no lookups. On an expert-parallel dispatcher both are collectives: every rank
+/// of the group runs them together, in the same order.
+class PreparedRound {
+ public:
+  virtual ~PreparedRound() = default;
+  /// The static dispatch output the runner is prepared against; dispatch() rewrites its tensors.
+  const DispatchOutputPtr& dispatch_output() const { return dispatch_output_; }
+  /// Checks the prepared runner's combine input once and returns the static layer output
+  /// [capacity, H] that combine() writes.
+  virtual Tensor bind_combine(const CombineInputPtr& combine_input) = 0;
+  /// Dispatches the first num_tokens rows of the round's hidden states and top-k; the rows past
+  /// them are padding (ids −1), which no rank computes.
+  virtual void dispatch(int64_t num_tokens) = 0;
+  /// Writes the output's first num_tokens rows from the runner's combine input (rows past them
+  /// are zero, or whatever the runner left there on a dispatcher with no communication).
+  virtual void combine(int64_t num_tokens) = 0;
+
+ protected:
+  DispatchOutputPtr dispatch_output_;
+};
+using PreparedRoundPtr = std::unique_ptr<PreparedRound>;
 
 class BaseDispatcher {
  public:
@@ -31,6 +57,12 @@ class BaseDispatcher {
   /// The global → local id map dispatch applies to a standard top-k output (i32 [E]); undefined
   /// when dispatched ids stay global or the dispatcher builds its own layout (DeepEP, FlashInfer).
   virtual const Tensor& local_expert_mapping() const;
+  /// Prepares a round over static buffers the caller keeps alive: hidden_states [capacity, H]
+  /// and the top-k (contiguous i32 ids with global ids, f32 weights [capacity, k]); the round
+  /// refers to this dispatcher, which must outlive it. Throws Unsupported, naming the reason,
+  /// for what cannot be captured.
+  virtual PreparedRoundPtr prepare_round(const Tensor& hidden_states,
+                                         const StandardTopKOutput& topk);
   /// Forgets a dispatch/combine round that failed midway, so the next dispatch starts clean.
   /// Call only when no peer is inside a collective (e.g. after LoopbackGroup::run returned).
   virtual void abort_round() {}
@@ -67,6 +99,10 @@ class StandardDispatcher : public BaseDispatcher {
 
   DispatchOutputPtr dispatch(const Tensor& hidden_states, const TopKOutput& topk) override;
   Tensor combine(const CombineInputPtr& combine_input) override;
+  /// The dispatch output views the static buffers; dispatch() applies the id map, if any, and
+  /// the output is the runner's combine input itself.
+  PreparedRoundPtr prepare_round(const Tensor& hidden_states,
+                                 const StandardTopKOutput& topk) override;
 
   /// Global → local id map, i32 [num_experts], applied by dispatch (undefined when dispatch does
   /// not map: ep_size 1, or a runner backend that takes global ids).

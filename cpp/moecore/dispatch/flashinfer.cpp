@@ -12,6 +12,24 @@
 namespace moecore {
 namespace {
 constexpr const char* kName = "FlashinferDispatcher";
+
+/// The payload dispatch encodes with, checked against hidden_size.
+PayloadCodec payload_codec(const FlashinferDispatcher& d, int64_t hidden, const char* api) {
+  PayloadCodec codec;
+  codec.payload = d.resolve_payload();
+  MOECORE_CHECK(codec.payload != DispatchPayload::kNVFP4 || hidden % 16 == 0, api,
+                ": an NVFP4 payload needs hidden_size % 16 == 0, got ", hidden);
+  codec.hidden = hidden;
+  codec.global_scale = input_global_scale(d.quant_config(), api).value_or(1.0f);
+  return codec;
+}
+
+/// Whether token t has an expert on rank d.
+bool routes_to(const int32_t* ids, int64_t t, int64_t k, int64_t L, int64_t d) {
+  for (int64_t j = 0; j < k; ++j)
+    if (ids[t * k + j] >= 0 && ids[t * k + j] / L == d) return true;
+  return false;
+}
 }  // namespace
 
 FlashinferDispatcher::FlashinferDispatcher(TransportPtr transport, FlashinferDispatchConfig config)
@@ -41,11 +59,7 @@ DispatchOutputPtr FlashinferDispatcher::dispatch(const Tensor& hidden_states,
   MOECORE_ASSERT(!dispatched_, api, ": the previous dispatch was not combined yet");
   StandardTopKOutput topk =
       check_dispatch_input(api, hidden_states, topk_in, c.hidden_size, c.top_k, c.num_experts);
-  const DispatchPayload payload = resolve_payload();
-  MOECORE_CHECK(payload != DispatchPayload::kNVFP4 || c.hidden_size % 16 == 0, api,
-                ": an NVFP4 payload needs hidden_size % 16 == 0, got ", c.hidden_size);
-  const float gs = input_global_scale(quant_config_, api).value_or(1.0f);
-  const PayloadRows rows = quantize_payload(hidden_states, payload, gs, false);
+  const PayloadRows rows = quantize_payload(api, hidden_states, payload_codec(*this, c.hidden_size, api));
 
   const int64_t R = transport_->size(), L = c.num_local_experts, k = c.top_k;
   const int64_t T = hidden_states.size(0);
@@ -57,9 +71,7 @@ DispatchOutputPtr FlashinferDispatcher::dispatch(const Tensor& hidden_states,
   for (int64_t t = 0; t < T; ++t) {
     rows.write_row(t, row.data());
     for (int64_t d = 0; d < R; ++d) {
-      bool any = false;
-      for (int64_t j = 0; j < k; ++j) any = any || (ids[t * k + j] >= 0 && ids[t * k + j] / L == d);
-      if (!any) continue;
+      if (!routes_to(ids, t, k, L, d)) continue;
       append_bytes(send[d], ids + t * k, k);
       append_bytes(send[d], weights + t * k, k);
       append_bytes(send[d], row.data(), rows.row_bytes());
@@ -75,7 +87,7 @@ DispatchOutputPtr FlashinferDispatcher::dispatch(const Tensor& hidden_states,
   std::vector<std::vector<uint8_t>> recv = transport_->all_to_all_v(send);
 
   const int64_t record = 8 * k + rows.row_bytes();
-  PayloadRows out_rows = allocate_payload(rows, {R * m});
+  PayloadRows out_rows = allocate_payload(rows.codec, {R * m});
   Tensor out_ids = Tensor::empty({R * m, k}, DType::kI32);
   Tensor out_weights = Tensor::zeros({R * m, k}, DType::kF32);
   std::fill(out_ids.ptr<int32_t>(), out_ids.ptr<int32_t>() + R * m * k, invalid_expert_id());
@@ -89,7 +101,7 @@ DispatchOutputPtr FlashinferDispatcher::dispatch(const Tensor& hidden_states,
       const int64_t n = s * m + i;
       std::memcpy(out_ids.ptr<int32_t>() + n * k, rec, 4 * k);
       std::memcpy(out_weights.ptr<float>() + n * k, rec + 4 * k, 4 * k);
-      read_payload_row(rec + 8 * k, n, out_rows);
+      out_rows.read_row(rec + 8 * k, n);
     }
     received_[s] = recv_counts[s];
   }
@@ -139,6 +151,170 @@ Tensor FlashinferDispatcher::combine(const CombineInputPtr& combine_input) {
   sent_.clear();
   received_.clear();
   return out;
+}
+
+namespace {
+
+/// MoeAlltoAll over fixed buffers: rows_per_rank is the capacity (MoeAlltoAll's
+/// max_num_tokens) instead of the batch's largest T_local, which changes no row's result. Wire
+/// record and layouts as in the eager dispatch.
+class FlashinferRound : public PreparedRound {
+ public:
+  FlashinferRound(const FlashinferDispatcher& d, const FlashinferDispatchConfig& config,
+                  const Tensor& hidden_states, const StandardTopKOutput& topk,
+                  const PayloadCodec& codec)
+      : transport_(d.transport()),
+        config_(config),
+        R_(transport_->size()),
+        cap_(hidden_states.size(0)),
+        invalid_id_(d.invalid_expert_id()),
+        hidden_states_(hidden_states),
+        topk_(topk),
+        staged_(allocate_payload(codec, {cap_})),
+        rows_(allocate_payload(codec, {R_ * cap_})),
+        ids_(Tensor::empty({R_ * cap_, config.top_k}, DType::kI32)),
+        weights_(Tensor::zeros({R_ * cap_, config.top_k}, DType::kF32)),
+        record_(8 * config.top_k + codec.row_bytes()),
+        block_bytes_(cap_ * std::max(record_, 2 * config.hidden_size)),
+        send_(static_cast<size_t>(R_ * block_bytes_)),
+        recv_(send_.size()),
+        send_bytes_(static_cast<size_t>(R_)),
+        recv_bytes_(static_cast<size_t>(R_)),
+        sent_(static_cast<size_t>(R_ * cap_)),
+        sent_count_(static_cast<size_t>(R_)),
+        received_count_(static_cast<size_t>(R_), 0),
+        acc_(static_cast<size_t>(cap_ * config.hidden_size)),
+        row_(static_cast<size_t>(config.hidden_size)) {
+    std::fill(ids_.ptr<int32_t>(), ids_.ptr<int32_t>() + ids_.numel(), invalid_id_);
+    auto out = std::make_shared<FlashinferDispatchOutput>();
+    out->hidden_states = rows_.q;
+    out->hidden_states_scale = rows_.scale;
+    out->topk_output = StandardTopKOutput{weights_, ids_, {}};
+    out->output_dtype = DType::kBF16;
+    dispatch_output_ = out;
+  }
+
+  Tensor bind_combine(const CombineInputPtr& combine_input) override {
+    const char* api = "FlashinferDispatcher.combine";
+    auto* in = dynamic_cast<const FlashinferCombineInput*>(combine_input.get());
+    MOECORE_CHECK_DTYPE(in != nullptr, api, ": expected a FlashinferCombineInput");
+    const Tensor& h = in->hidden_states;
+    const std::vector<int64_t> want = {R_ * cap_, config_.hidden_size};
+    MOECORE_CHECK_DTYPE(h.defined() && h.dtype() == DType::kBF16, api,
+                        ": expected bf16 partial outputs, got ", h.describe());
+    MOECORE_CHECK(h.view().shape_vector() == want && h.view().is_contiguous(), api,
+                  ": expected contiguous hidden_states ", shape_string(want), ", got ",
+                  h.describe());
+    partials_ = h;
+    output_ = Tensor::zeros({cap_, config_.hidden_size}, DType::kBF16);
+    return output_;
+  }
+
+  void dispatch(int64_t num_tokens) override {
+    const char* api = "FlashinferDispatcher.dispatch";
+    const int64_t L = config_.num_local_experts, k = config_.top_k;
+    const int32_t* ids = topk_.topk_ids.ptr<int32_t>();
+    const float* weights = topk_.topk_weights.ptr<float>();
+    for (int64_t s = 0; s < num_tokens * k; ++s)
+      MOECORE_CHECK_INDEX(ids[s] >= -1 && ids[s] < config_.num_experts, api,
+                          ": topk_ids must be in [-1, ", config_.num_experts, "), got ", ids[s],
+                          " at [", s / k, ", ", s % k, "]");
+    const auto* x = hidden_states_.ptr<uint16_t>();
+    const int64_t stride = hidden_states_.view().strides[0];
+    for (int64_t t = 0; t < num_tokens; ++t)
+      if (!staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
+        staged_.codec.throw_non_finite(api, t);
+    std::fill(send_bytes_.begin(), send_bytes_.end(), 0);
+    std::fill(sent_count_.begin(), sent_count_.end(), 0);
+    for (int64_t t = 0; t < num_tokens; ++t)
+      for (int64_t d = 0; d < R_; ++d) {
+        if (!routes_to(ids, t, k, L, d)) continue;
+        uint8_t* rec = send_.data() + d * block_bytes_ + send_bytes_[d];
+        std::memcpy(rec, ids + t * k, static_cast<size_t>(4 * k));
+        std::memcpy(rec + 4 * k, weights + t * k, static_cast<size_t>(4 * k));
+        staged_.write_row(t, rec + 8 * k);
+        send_bytes_[d] += record_;
+        sent_[d * cap_ + sent_count_[d]++] = t;
+      }
+    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
+                                block_bytes_);
+    int32_t* out_ids = ids_.ptr<int32_t>();
+    float* out_weights = weights_.ptr<float>();
+    for (int64_t src = 0; src < R_; ++src) {
+      const int64_t n = recv_bytes_[src] / record_;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t* rec = recv_.data() + src * block_bytes_ + i * record_;
+        const int64_t row = src * cap_ + i;
+        std::memcpy(out_ids + row * k, rec, static_cast<size_t>(4 * k));
+        std::memcpy(out_weights + row * k, rec + 4 * k, static_cast<size_t>(4 * k));
+        rows_.read_row(rec + 8 * k, row);
+      }
+      // Rows that held tokens last time become invalid tokens again.
+      for (int64_t row = src * cap_ + n; row < src * cap_ + received_count_[src]; ++row) {
+        std::fill(out_ids + row * k, out_ids + (row + 1) * k, invalid_id_);
+        std::fill(out_weights + row * k, out_weights + (row + 1) * k, 0.0f);
+        std::memset(rows_.q_row(row), 0, static_cast<size_t>(rows_.q_bytes()));
+        if (rows_.scale_bytes())
+          std::memset(rows_.scale_row(row), 0, static_cast<size_t>(rows_.scale_bytes()));
+      }
+      received_count_[src] = n;
+    }
+  }
+
+  void combine(int64_t num_tokens) override {
+    const int64_t H = config_.hidden_size, row_bytes = 2 * H;
+    const auto* partials = static_cast<const uint8_t*>(partials_.view().data);
+    for (int64_t src = 0; src < R_; ++src) {
+      send_bytes_[src] = received_count_[src] * row_bytes;
+      std::memcpy(send_.data() + src * block_bytes_, partials + src * cap_ * row_bytes,
+                  static_cast<size_t>(send_bytes_[src]));
+    }
+    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
+                                block_bytes_);
+    std::fill(acc_.begin(), acc_.begin() + num_tokens * H, 0.0f);
+    for (int64_t d = 0; d < R_; ++d) {
+      MOECORE_INTERNAL_CHECK(recv_bytes_[d] == sent_count_[d] * row_bytes,
+                             "FlashInfer combine: rank ", d, " returned ", recv_bytes_[d], " bytes");
+      for (int64_t i = 0; i < sent_count_[d]; ++i) {
+        load_f32(recv_.data() + d * block_bytes_ + i * row_bytes, DType::kBF16, H, row_.data());
+        float* a = acc_.data() + sent_[d * cap_ + i] * H;
+        for (int64_t x = 0; x < H; ++x) a[x] += row_[x];
+      }
+    }
+    uint16_t* out = output_.ptr<uint16_t>();
+    store_f32(acc_.data(), num_tokens * H, DType::kBF16, out);
+    std::fill(out + num_tokens * H, out + cap_ * H, uint16_t{0});
+  }
+
+ private:
+  TransportPtr transport_;
+  FlashinferDispatchConfig config_;
+  int64_t R_, cap_;
+  int32_t invalid_id_;
+  Tensor hidden_states_;
+  StandardTopKOutput topk_;
+  PayloadRows staged_;  // [cap]: this rank's tokens, encoded
+  PayloadRows rows_;    // [R·cap]: the dispatch output's rows
+  Tensor ids_, weights_;
+  int64_t record_, block_bytes_;
+  std::vector<uint8_t> send_, recv_;  // R blocks of block_bytes_, for dispatch and combine
+  std::vector<int64_t> send_bytes_, recv_bytes_;
+  std::vector<int64_t> sent_, sent_count_;  // [dest][i]: token sent
+  std::vector<int64_t> received_count_;     // [src]: rows it filled last dispatch
+  Tensor partials_;                         // the runner's combine input [R·cap, H]
+  std::vector<float> acc_, row_;
+  Tensor output_;
+};
+
+}  // namespace
+
+PreparedRoundPtr FlashinferDispatcher::prepare_round(const Tensor& hidden_states,
+                                                     const StandardTopKOutput& topk) {
+  const char* api = "FlashinferDispatcher.capture";
+  const FlashinferDispatchConfig& c = config_;
+  check_round_buffers(api, hidden_states, topk, c.hidden_size, c.top_k, c.num_experts);
+  return std::make_unique<FlashinferRound>(*this, c, hidden_states, topk,
+                                           payload_codec(*this, c.hidden_size, api));
 }
 
 }  // namespace moecore

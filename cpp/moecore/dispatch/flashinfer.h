@@ -37,6 +37,10 @@ class FlashinferDispatcher : public BaseDispatcher {
   /// (weighted sum over its own experts). Returns bf16 [T_local, H] =
   /// round(Σ_r partial_r) in fp32 over the ranks that received the token, in rank order.
   Tensor combine(const CombineInputPtr& combine_input) override;
+  /// A round over fixed buffers of R·capacity rows (MoeAlltoAll's max_num_tokens per rank in
+  /// place of the batch's largest T_local, which changes no row's result).
+  PreparedRoundPtr prepare_round(const Tensor& hidden_states,
+                                 const StandardTopKOutput& topk) override;
 
   /// sglang's invalid-token expert id: −1 for deep_gemm / trtllm runners, else num_experts.
   int32_t invalid_expert_id() const;

@@ -1,11 +1,14 @@
 // Payload quantization and byte records of the expert-parallel dispatchers.
 #include "moecore/dispatch/payload.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "moecore/core/error.h"
+#include "moecore/core/thread_pool.h"
 #include "moecore/formats/quantize.h"
+#include "moecore/kernels/convert.h"
 #include "moecore/runner/expert_compute.h"
 
 namespace moecore {
@@ -57,64 +60,135 @@ std::optional<float> input_global_scale(const QuantConfig& config, const char* a
   return gs;
 }
 
+DType PayloadCodec::q_dtype() const {
+  switch (payload) {
+    case DispatchPayload::kBF16:
+      return DType::kBF16;
+    case DispatchPayload::kFP8:
+      return DType::kF8E4M3;
+    case DispatchPayload::kNVFP4:
+      return DType::kFp4E2M1x2;
+  }
+  return DType::kBF16;
+}
+
+int64_t PayloadCodec::scale_cols() const {
+  switch (payload) {
+    case DispatchPayload::kBF16:
+      return 0;
+    case DispatchPayload::kFP8:
+      return ue8m0 ? (hidden / kFp8GroupSize + 3) / 4 : hidden / kFp8GroupSize;
+    case DispatchPayload::kNVFP4:
+      return hidden / kNvfp4BlockSize;
+  }
+  return 0;
+}
+
+DType PayloadCodec::scale_dtype() const {
+  if (payload == DispatchPayload::kNVFP4) return DType::kF8E4M3;
+  return payload == DispatchPayload::kFP8 && ue8m0 ? DType::kI32 : DType::kF32;
+}
+
+int64_t PayloadCodec::q_bytes() const {
+  return payload == DispatchPayload::kBF16 ? 2 * hidden
+         : payload == DispatchPayload::kFP8 ? hidden
+                                            : hidden / 2;
+}
+
+int64_t PayloadCodec::scale_bytes() const { return scale_cols() * dtype_size(scale_dtype()); }
+
 namespace {
-int64_t row_bytes_of(const Tensor& t) {
-  return t.defined() ? t.size(-1) * dtype_size(t.dtype()) : 0;
+/// n bf16 values → f32; false if one is not finite.
+bool load_finite(const uint16_t* x, int64_t n, float* out) {
+  load_f32(x, DType::kBF16, n, out);
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) finite = finite && std::isfinite(out[i]);
+  return finite;
 }
 }  // namespace
 
-void PayloadRows::write_row(int64_t row, uint8_t* dst) const {
-  std::memcpy(dst, static_cast<const uint8_t*>(q.view().data) + row * q_bytes, q_bytes);
-  if (scale_bytes)
-    std::memcpy(dst + q_bytes, static_cast<const uint8_t*>(scale.view().data) + row * scale_bytes,
-                scale_bytes);
-}
-
-PayloadRows quantize_payload(const Tensor& x, DispatchPayload payload, float global_scale,
-                             bool ue8m0) {
-  PayloadRows rows;
-  rows.payload = payload;
+bool PayloadCodec::encode_row(const uint16_t* x, uint8_t* q, uint8_t* scale) const {
   switch (payload) {
     case DispatchPayload::kBF16:
-      rows.q = Tensor::copy_of(x.view());
-      break;
+      std::memcpy(q, x, static_cast<size_t>(2 * hidden));
+      return true;
     case DispatchPayload::kFP8: {
-      QuantizedTensor qt =
-          quantize_fp8_per_token_group(x.view(), kFp8GroupSize, kDefaultMinAmax, ue8m0);
-      rows.q = qt.q;
-      // DeepEP's UE8M0 mode sends the power-of-two scales as packed E8M0 bytes, four per int32.
-      rows.scale = ue8m0 ? pack_ue8m0(qt.scale.view()) : qt.scale;
-      break;
+      // sglang_per_token_group_quant_fp8 per group of 128; DeepEP's UE8M0 mode sends the
+      // power-of-two scales as E8M0 bytes (the float's exponent), four per int32.
+      float group[kFp8GroupSize];
+      if (ue8m0) std::memset(scale, 0, static_cast<size_t>(scale_bytes()));
+      for (int64_t g = 0; g * kFp8GroupSize < hidden; ++g) {
+        if (!load_finite(x + g * kFp8GroupSize, kFp8GroupSize, group)) return false;
+        const float s = fp8_quantize_group_row(group, kFp8GroupSize, kDefaultMinAmax, ue8m0,
+                                               Fp8GroupRule::kSglangCuda, q + g * kFp8GroupSize);
+        if (ue8m0) {
+          uint32_t bits;
+          std::memcpy(&bits, &s, 4);
+          scale[g] = static_cast<uint8_t>(bits >> 23);
+        } else {
+          std::memcpy(scale + 4 * g, &s, 4);
+        }
+      }
+      return true;
     }
     case DispatchPayload::kNVFP4: {
-      QuantizedTensor qt = quantize_nvfp4(x.view(), global_scale);
-      rows.q = qt.q;
-      rows.scale = qt.scale;
-      break;
+      float block[kNvfp4BlockSize];
+      for (int64_t b = 0; b * kNvfp4BlockSize < hidden; ++b) {
+        if (!load_finite(x + b * kNvfp4BlockSize, kNvfp4BlockSize, block)) return false;
+        nvfp4_quantize_row(block, kNvfp4BlockSize, global_scale, q + b * kNvfp4BlockSize / 2,
+                           scale + b);
+      }
+      return true;
     }
   }
-  rows.q_bytes = row_bytes_of(rows.q);
-  rows.scale_bytes = row_bytes_of(rows.scale);
-  return rows;
+  return true;
 }
 
-PayloadRows allocate_payload(const PayloadRows& like, const std::vector<int64_t>& lead) {
-  PayloadRows rows = like;
+void PayloadCodec::throw_non_finite(const char* api, int64_t row) const {
+  MOECORE_THROW(InvalidArgument, api, ": hidden_states row ", row,
+                " holds a non-finite value, which a ", payload_name(payload),
+                " payload cannot carry");
+}
+
+void PayloadRows::write_row(int64_t row, uint8_t* dst) const {
+  std::memcpy(dst, q_row(row), static_cast<size_t>(q_bytes()));
+  if (scale_bytes()) std::memcpy(dst + q_bytes(), scale_row(row), static_cast<size_t>(scale_bytes()));
+}
+
+void PayloadRows::read_row(const uint8_t* src, int64_t row) const {
+  std::memcpy(q_row(row), src, static_cast<size_t>(q_bytes()));
+  if (scale_bytes()) std::memcpy(scale_row(row), src + q_bytes(), static_cast<size_t>(scale_bytes()));
+}
+
+PayloadRows allocate_payload(const PayloadCodec& codec, const std::vector<int64_t>& lead) {
+  PayloadRows rows;
+  rows.codec = codec;
   std::vector<int64_t> shape = lead;
-  shape.push_back(like.q.size(-1));
-  rows.q = Tensor::zeros(shape, like.q.dtype());
-  if (like.scale.defined()) {
-    shape.back() = like.scale.size(-1);
-    rows.scale = Tensor::zeros(shape, like.scale.dtype());
+  shape.push_back(codec.q_bytes() / dtype_size(codec.q_dtype()));
+  rows.q = Tensor::zeros(shape, codec.q_dtype());
+  if (codec.scale_cols()) {
+    shape.back() = codec.scale_cols();
+    rows.scale = Tensor::zeros(shape, codec.scale_dtype());
   }
   return rows;
 }
 
-void read_payload_row(const uint8_t* src, int64_t row, PayloadRows& dst) {
-  std::memcpy(static_cast<uint8_t*>(dst.q.view().data) + row * dst.q_bytes, src, dst.q_bytes);
-  if (dst.scale_bytes)
-    std::memcpy(static_cast<uint8_t*>(dst.scale.view().data) + row * dst.scale_bytes,
-                src + dst.q_bytes, dst.scale_bytes);
+PayloadRows quantize_payload(const char* api, const Tensor& x, const PayloadCodec& codec) {
+  const int64_t T = x.size(0);
+  PayloadRows rows = allocate_payload(codec, {T});
+  const auto* src = static_cast<const uint16_t*>(x.view().data);
+  const int64_t stride = x.view().strides[0];
+  std::atomic<int64_t> first_bad{T};
+  parallel_for(T, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      if (!codec.encode_row(src + t * stride, rows.q_row(t), rows.scale_row(t))) {
+        int64_t seen = first_bad.load();
+        while (t < seen && !first_bad.compare_exchange_weak(seen, t)) {
+        }
+      }
+  });
+  if (first_bad.load() < T) codec.throw_non_finite(api, first_bad.load());
+  return rows;
 }
 
 StandardTopKOutput check_dispatch_input(const char* api, const Tensor& hidden_states,
@@ -139,6 +213,17 @@ StandardTopKOutput check_dispatch_input(const char* api, const Tensor& hidden_st
   standard.topk_ids = ids;
   standard.topk_weights = weights;
   return standard;
+}
+
+void check_round_buffers(const char* api, const Tensor& hidden_states,
+                         const StandardTopKOutput& topk, int64_t hidden, int64_t top_k,
+                         int64_t num_experts) {
+  check_dispatch_input(api, hidden_states, topk, hidden, top_k, num_experts);
+  MOECORE_CHECK_DTYPE(topk.topk_ids.dtype() == DType::kI32 && topk.topk_ids.view().is_contiguous() &&
+                          topk.topk_weights.dtype() == DType::kF32 &&
+                          topk.topk_weights.view().is_contiguous(),
+                      api, ": a prepared round reads contiguous i32 topk_ids and f32 topk_weights, "
+                      "got ", topk.topk_ids.describe(), " and ", topk.topk_weights.describe());
 }
 
 }  // namespace moecore

@@ -22,27 +22,54 @@ DispatchPayload parse_payload(const std::string& name, const char* api);
 /// a number), or nullopt when absent or None.
 std::optional<float> input_global_scale(const QuantConfig& config, const char* api);
 
-/// A [T, H] bf16 activation quantized for sending:
-///   kBF16  q bf16 [T, H], no scale;
-///   kFP8   q e4m3 [T, H], scale f32 [T, H/128] (per-token-group-128, sglang's
+/// How one bf16 hidden row of H values is quantized for sending:
+///   kBF16  q bf16 [H], no scale;
+///   kFP8   q e4m3 [H], scale f32 [H/128] (per-token-group-128, sglang's
 ///          per_token_group_quant_fp8; with ue8m0 the scales are rounded up to powers
-///          of two and packed as DeepEP sends them: int32 [T, ⌈H/512⌉], four E8M0 bytes a word);
-///   kNVFP4 q packed e2m1 [T, H/2], scale e4m3 [T, H/16] (linear), with the global scale.
-/// A row travels as its q bytes followed by its scale bytes.
-struct PayloadRows {
+///          of two and packed as DeepEP sends them: int32 [⌈H/512⌉], four E8M0 bytes a word);
+///   kNVFP4 q packed e2m1 [H/2], scale e4m3 [H/16] (linear), with the global scale.
+/// A row travels as its q bytes followed by its scale bytes. Eager dispatch (quantize_payload)
+/// and captured rounds both encode through encode_row, so their bits agree.
+struct PayloadCodec {
   DispatchPayload payload = DispatchPayload::kBF16;
-  Tensor q, scale;
-  int64_t q_bytes = 0, scale_bytes = 0;  // per row
-  int64_t row_bytes() const { return q_bytes + scale_bytes; }
-  void write_row(int64_t row, uint8_t* dst) const;
+  int64_t hidden = 0;
+  float global_scale = 1.0f;  // kNVFP4
+  bool ue8m0 = false;         // kFP8
+  DType q_dtype() const;
+  /// The scale's last dim and dtype (kBF16 has none: 0 columns).
+  int64_t scale_cols() const;
+  DType scale_dtype() const;
+  int64_t q_bytes() const;
+  int64_t scale_bytes() const;
+  int64_t row_bytes() const { return q_bytes() + scale_bytes(); }
+  /// Encodes one row with no allocation. Returns false, with q and scale unspecified, when a
+  /// quantized payload meets a non-finite value.
+  bool encode_row(const uint16_t* bf16_row, uint8_t* q, uint8_t* scale) const;
+  /// The InvalidArgument encode_row's false turns into; `api` names the caller.
+  [[noreturn]] void throw_non_finite(const char* api, int64_t row) const;
 };
-PayloadRows quantize_payload(const Tensor& x, DispatchPayload payload, float global_scale,
-                             bool ue8m0);
 
-/// Zeroed receive tensors for `rows` rows (leading shape `lead`, product = rows) of the same
-/// payload layout as `like`; read_row fills row `row` from a record written by write_row.
-PayloadRows allocate_payload(const PayloadRows& like, const std::vector<int64_t>& lead);
-void read_payload_row(const uint8_t* src, int64_t row, PayloadRows& dst);
+/// Rows of a payload: q [lead..., q cols] and scale [lead..., scale cols] (undefined for kBF16).
+struct PayloadRows {
+  PayloadCodec codec;
+  Tensor q, scale;
+  int64_t q_bytes() const { return codec.q_bytes(); }
+  int64_t scale_bytes() const { return codec.scale_bytes(); }
+  int64_t row_bytes() const { return codec.row_bytes(); }
+  uint8_t* q_row(int64_t row) const { return static_cast<uint8_t*>(q.view().data) + row * q_bytes(); }
+  uint8_t* scale_row(int64_t row) const {
+    return scale_bytes() ? static_cast<uint8_t*>(scale.view().data) + row * scale_bytes() : nullptr;
+  }
+  /// The wire record of a row: its q bytes, then its scale bytes.
+  void write_row(int64_t row, uint8_t* dst) const;
+  void read_row(const uint8_t* src, int64_t row) const;
+};
+
+/// Zeroed rows (leading shape `lead`) of the codec's layout.
+PayloadRows allocate_payload(const PayloadCodec& codec, const std::vector<int64_t>& lead);
+/// The [T, H] bf16 activation (contiguous rows) encoded row by row; a non-finite value in a
+/// quantized payload raises InvalidArgument naming `api` and the row.
+PayloadRows quantize_payload(const char* api, const Tensor& x, const PayloadCodec& codec);
 
 /// Validates a dispatcher's input: hidden_states bf16 [T, H] with contiguous rows, and a
 /// standard top-k output (bypassed ones are materialised) with ids in [−1, num_experts) and f32
@@ -50,6 +77,12 @@ void read_payload_row(const uint8_t* src, int64_t row, PayloadRows& dst);
 StandardTopKOutput check_dispatch_input(const char* api, const Tensor& hidden_states,
                                         const TopKOutput& topk, int64_t hidden, int64_t top_k,
                                         int64_t num_experts);
+
+/// check_dispatch_input for the static buffers of a prepared round, which it reads in place:
+/// also requires contiguous i32 ids and f32 weights.
+void check_round_buffers(const char* api, const Tensor& hidden_states,
+                         const StandardTopKOutput& topk, int64_t hidden, int64_t top_k,
+                         int64_t num_experts);
 
 /// Appends a trivially copyable value to a byte record.
 template <typename T>

@@ -21,6 +21,10 @@ const Tensor& BaseDispatcher::local_expert_mapping() const {
   return kNone;
 }
 
+PreparedRoundPtr BaseDispatcher::prepare_round(const Tensor&, const StandardTopKOutput&) {
+  MOECORE_UNSUPPORTED("this dispatcher has no prepared round, so it cannot be captured");
+}
+
 void check_expert_parallel_sizes(const char* api, const Transport* transport, int64_t num_experts,
                                  int64_t num_local_experts, int64_t hidden_size, int64_t top_k) {
   MOECORE_CHECK(transport != nullptr, api, ": a transport is required");
@@ -124,6 +128,50 @@ void StandardDispatcher::map_to_local_ids(const TensorView& ids, int32_t* local)
       const int64_t e = read(t, j);
       local[t * cols + j] = e < 0 ? -1 : map[e];  // R14: −1 stays −1
     }
+}
+
+namespace {
+
+/// a2a none: no communication. The dispatch output views the static buffers (with local ids
+/// in a buffer of their own when the dispatcher maps ids), and the layer output is the runner's
+/// combine input.
+class StandardRound : public PreparedRound {
+ public:
+  StandardRound(const StandardDispatcher& dispatcher, const Tensor& hidden_states,
+                const StandardTopKOutput& topk)
+      : dispatcher_(dispatcher), global_ids_(topk.topk_ids) {
+    auto out = std::make_shared<StandardDispatchOutput>();
+    out->hidden_states = hidden_states;
+    StandardTopKOutput dispatched = topk;
+    if (dispatcher.local_expert_mapping().defined()) {
+      local_ids_ = Tensor::empty({global_ids_.size(0), global_ids_.size(1)}, DType::kI32);
+      std::fill(local_ids_.ptr<int32_t>(), local_ids_.ptr<int32_t>() + local_ids_.numel(), -1);
+      dispatched.topk_ids = local_ids_;
+    }
+    out->topk_output = dispatched;
+    dispatch_output_ = out;
+  }
+  Tensor bind_combine(const CombineInputPtr& combine_input) override {
+    auto* in = dynamic_cast<const StandardCombineInput*>(combine_input.get());
+    MOECORE_CHECK_DTYPE(in != nullptr, "StandardDispatcher.combine: expected a StandardCombineInput");
+    return in->hidden_states;
+  }
+  void dispatch(int64_t) override {
+    if (local_ids_.defined())
+      dispatcher_.map_to_local_ids(global_ids_.view(), local_ids_.ptr<int32_t>());
+  }
+  void combine(int64_t) override {}
+
+ private:
+  const StandardDispatcher& dispatcher_;
+  Tensor global_ids_, local_ids_;
+};
+
+}  // namespace
+
+PreparedRoundPtr StandardDispatcher::prepare_round(const Tensor& hidden_states,
+                                                   const StandardTopKOutput& topk) {
+  return std::make_unique<StandardRound>(*this, hidden_states, topk);
 }
 
 Tensor StandardDispatcher::combine(const CombineInputPtr& combine_input) {

@@ -30,6 +30,16 @@ class LoopbackTransport : public Transport {
     check_peers("all_to_all_v", send.size());
     return group_->exchange(rank_, send);
   }
+  void all_to_all_into(const uint8_t* send, const int64_t* send_bytes, uint8_t* recv,
+                       int64_t* recv_bytes, int64_t block_bytes) override {
+    MOECORE_CHECK(block_bytes >= 0, "Transport.all_to_all_into: expected block_bytes >= 0, got ",
+                  block_bytes);
+    for (int d = 0; d < group_->size(); ++d)
+      MOECORE_CHECK(send_bytes[d] >= 0 && send_bytes[d] <= block_bytes,
+                    "Transport.all_to_all_into: send_bytes[", d, "] = ", send_bytes[d],
+                    " is outside [0, block_bytes = ", block_bytes, "]");
+    group_->exchange_into(rank_, send, send_bytes, recv, recv_bytes, block_bytes);
+  }
   void barrier() override {
     group_->exchange(rank_, std::vector<std::vector<uint8_t>>(group_->size()));
   }
@@ -53,7 +63,22 @@ std::shared_ptr<LoopbackGroup> LoopbackGroup::create(int size) {
 }
 
 LoopbackGroup::LoopbackGroup(int size)
-    : size_(size), mailbox_(static_cast<size_t>(size), std::vector<std::vector<uint8_t>>(size)) {}
+    : size_(size),
+      mailbox_(static_cast<size_t>(size), std::vector<std::vector<uint8_t>>(size)),
+      posted_(static_cast<size_t>(size)),
+      errors_(static_cast<size_t>(size)) {
+  rank_threads_.reserve(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) rank_threads_.emplace_back([this, r] { rank_thread(r); });
+}
+
+LoopbackGroup::~LoopbackGroup() {
+  {
+    std::lock_guard<std::mutex> lock(job_mutex_);
+    stopping_ = true;
+  }
+  job_posted_.notify_all();
+  for (std::thread& t : rank_threads_) t.join();
+}
 
 TransportPtr LoopbackGroup::transport(int rank) {
   MOECORE_CHECK_INDEX(rank >= 0 && rank < size_, "LoopbackGroup.transport: rank must be in [0, ",
@@ -100,24 +125,67 @@ std::vector<std::vector<uint8_t>> LoopbackGroup::exchange(int rank,
   return recv;
 }
 
+void LoopbackGroup::exchange_into(int rank, const uint8_t* send, const int64_t* send_bytes,
+                                  uint8_t* recv, int64_t* recv_bytes, int64_t block_bytes) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  posted_[rank] = {send, send_bytes, block_bytes};
+  arrive_and_wait(lock);
+  // Every peer's send buffer stays untouched until the second barrier, so the copies need no lock.
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    for (int s = 0; s < size_; ++s) {
+      const Posted& p = posted_[s];
+      MOECORE_CHECK(p.block_bytes == block_bytes, "Transport.all_to_all_into: rank ", rank,
+                    " passed block_bytes ", block_bytes, " but rank ", s, " passed ",
+                    p.block_bytes);
+      const int64_t n = p.send_bytes[rank];
+      std::memcpy(recv + s * block_bytes, p.send + rank * block_bytes, static_cast<size_t>(n));
+      recv_bytes[s] = n;
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  if (error) std::rethrow_exception(error);  // the run poisons the group; peers do not wait
+  arrive_and_wait(lock);
+}
+
+void LoopbackGroup::rank_thread(int rank) {
+  uint64_t seen = 0;
+  for (;;) {
+    std::unique_lock<std::mutex> lock(job_mutex_);
+    job_posted_.wait(lock, [&] { return stopping_ || job_generation_ != seen; });
+    if (stopping_) return;
+    seen = job_generation_;
+    const std::function<void(int)>& fn = *job_;
+    lock.unlock();
+    try {
+      fn(rank);
+    } catch (const std::exception& e) {
+      errors_[rank] = std::current_exception();
+      poison(rank, e.what());
+    } catch (...) {
+      errors_[rank] = std::current_exception();
+      poison(rank, "unknown exception");
+    }
+    lock.lock();
+    if (--ranks_running_ == 0) job_done_.notify_all();
+  }
+}
+
 void LoopbackGroup::run(const std::function<void(int rank)>& fn) {
   std::lock_guard<std::mutex> one_run(run_mutex_);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size_));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        errors[r] = std::current_exception();
-        poison(r, e.what());
-      } catch (...) {
-        errors[r] = std::current_exception();
-        poison(r, "unknown exception");
-      }
-    });
-  for (auto& t : threads) t.join();
+  {
+    std::unique_lock<std::mutex> lock(job_mutex_);
+    for (std::exception_ptr& e : errors_) e = nullptr;
+    job_ = &fn;
+    ranks_running_ = size_;
+    ++job_generation_;
+    job_posted_.notify_all();
+    job_done_.wait(lock, [&] { return ranks_running_ == 0; });
+    job_ = nullptr;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);  // no rank is inside a collective now
     poisoned_ = false;
@@ -125,7 +193,7 @@ void LoopbackGroup::run(const std::function<void(int rank)>& fn) {
     for (auto& boxes : mailbox_) boxes.assign(static_cast<size_t>(size_), {});
   }
   std::exception_ptr consequence;
-  for (const std::exception_ptr& e : errors) {
+  for (const std::exception_ptr& e : errors_) {
     if (!e) continue;
     try {
       std::rethrow_exception(e);

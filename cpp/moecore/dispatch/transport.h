@@ -6,10 +6,12 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -28,6 +30,12 @@ class Transport {
   /// send[d]: the bytes for rank d → result[s]: the bytes rank s sent here.
   virtual std::vector<std::vector<uint8_t>> all_to_all_v(
       const std::vector<std::vector<uint8_t>>& send) = 0;
+  /// The capturable all-to-all over fixed-capacity buffers (DeepEP low-latency's and FlashInfer
+  /// MoeAlltoAll's), with no allocation: `send` holds size() blocks of block_bytes, block d for
+  /// rank d with its first send_bytes[d] bytes used; block s of `recv` gets what rank s sent
+  /// here, recv_bytes[s] its length. Every rank passes the same block_bytes.
+  virtual void all_to_all_into(const uint8_t* send, const int64_t* send_bytes, uint8_t* recv,
+                               int64_t* recv_bytes, int64_t block_bytes) = 0;
   virtual void barrier() = 0;
 };
 using TransportPtr = std::shared_ptr<Transport>;
@@ -48,7 +56,9 @@ class LoopbackGroup : public std::enable_shared_from_this<LoopbackGroup> {
   /// A transport for `rank`; it keeps the group alive.
   TransportPtr transport(int rank);
   void poison(int failed_rank, const std::string& what);
-  /// Runs fn(rank) for every rank, each on its own thread, and joins them. If any rank throws,
+  ~LoopbackGroup();
+  /// Runs fn(rank) for every rank, each on its own rank thread (started with the group, so that
+  /// a run allocates nothing), and waits for all of them. If any rank throws,
   /// the group is poisoned (the others fail fast) and the lowest-ranked original exception (not
   /// a CollectiveAborted caused by it) is rethrown; once every thread has returned the group is
   /// reset, ready for the next run. Runs from several caller threads take turns. Rank threads
@@ -60,11 +70,20 @@ class LoopbackGroup : public std::enable_shared_from_this<LoopbackGroup> {
   /// the buffers its peers posted for it. Two barriers bracket the read so buffers are reused
   /// safely.
   std::vector<std::vector<uint8_t>> exchange(int rank, std::vector<std::vector<uint8_t>> send);
+  /// The same step over caller buffers (Transport::all_to_all_into).
+  void exchange_into(int rank, const uint8_t* send, const int64_t* send_bytes, uint8_t* recv,
+                     int64_t* recv_bytes, int64_t block_bytes);
 
  private:
+  struct Posted {
+    const uint8_t* send = nullptr;
+    const int64_t* send_bytes = nullptr;
+    int64_t block_bytes = 0;
+  };
   explicit LoopbackGroup(int size);
   void arrive_and_wait(std::unique_lock<std::mutex>& lock);
   void throw_if_poisoned() const;
+  void rank_thread(int rank);
 
   int size_;
   std::mutex run_mutex_;  // one run() at a time: concurrent runs would interleave collectives
@@ -75,6 +94,17 @@ class LoopbackGroup : public std::enable_shared_from_this<LoopbackGroup> {
   bool poisoned_ = false;
   std::string poison_message_;
   std::vector<std::vector<std::vector<uint8_t>>> mailbox_;  // [src][dst]
+  std::vector<Posted> posted_;                              // [src], exchange_into
+
+  // The rank threads (persistent) and the run they execute.
+  std::vector<std::thread> rank_threads_;
+  std::mutex job_mutex_;
+  std::condition_variable job_posted_, job_done_;
+  const std::function<void(int rank)>* job_ = nullptr;
+  uint64_t job_generation_ = 0;
+  int ranks_running_ = 0;
+  bool stopping_ = false;
+  std::vector<std::exception_ptr> errors_;  // [rank], of the current run
 };
 
 }  // namespace moecore

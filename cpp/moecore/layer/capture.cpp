@@ -15,12 +15,11 @@ CapturedForward::CapturedForward(std::shared_ptr<FusedMoE> layer, int64_t capaci
   MOECORE_CHECK(capacity >= 1, api, ": expected a capacity >= 1 tokens, got ", capacity);
   MOECORE_CHECK(layer_->runner() != nullptr, api,
                 ": call process_weights_after_loading() first (it builds the runner)");
-  if (layer_->a2a_backend() != MoeA2ABackend::NONE)
-    MOECORE_UNSUPPORTED(api, ": the layer dispatches with a2a backend '",
-                        to_string(layer_->a2a_backend()),
-                        "'; capture expert-parallel layers through ExpertParallelGroup.capture");
   MOECORE_CHECK_DTYPE(is_activation_dtype(dtype), api,
                       ": expected an f32, f16 or bf16 activation dtype, got ", dtype_name(dtype));
+  MOECORE_CHECK_DTYPE(layer_->a2a_backend() == MoeA2ABackend::NONE || dtype == DType::kBF16, api,
+                      ": the a2a backend '", to_string(layer_->a2a_backend()),
+                      "' dispatches bf16 hidden states, got dtype ", dtype_name(dtype));
   const FusedMoEOptions& o = layer_->options();
   const int64_t k = o.topk_config.top_k;
   hidden_states_ = Tensor::zeros({capacity, o.hidden_size}, dtype);
@@ -33,21 +32,10 @@ CapturedForward::CapturedForward(std::shared_ptr<FusedMoE> layer, int64_t capaci
     routing_ = std::make_unique<PreparedRouting>(o.topk_config, router_logits_, topk_weights_,
                                                  topk_ids_);
   }
-  StandardTopKOutput topk{topk_weights_, topk_ids_, router_logits_};
-  dispatcher_ = std::dynamic_pointer_cast<StandardDispatcher>(layer_->dispatcher());
-  MOECORE_INTERNAL_CHECK(dispatcher_ != nullptr, "a2a none uses the standard dispatcher");
-  if (dispatcher_->local_expert_mapping().defined()) {
-    local_ids_ = Tensor::empty({capacity, k}, DType::kI32);
-    std::fill(local_ids_.ptr<int32_t>(), local_ids_.ptr<int32_t>() + capacity * k, -1);
-    topk.topk_ids = local_ids_;
-  }
-  // The standard dispatch output is a view of the static buffers: dispatching it once is all
-  // the dispatcher does per call (the id map, when there is one, is applied in replay).
-  auto dispatched = std::make_shared<StandardDispatchOutput>();
-  dispatched->hidden_states = hidden_states_;
-  dispatched->topk_output = topk;
-  prepared_ = layer_->quant_method()->prepare_apply(*layer_, dispatched);
-  output_ = layer_->dispatcher()->combine(prepared_->combine_input());
+  round_ = layer_->dispatcher()->prepare_round(
+      hidden_states_, StandardTopKOutput{topk_weights_, topk_ids_, router_logits_});
+  prepared_ = layer_->quant_method()->prepare_apply(*layer_, round_->dispatch_output());
+  output_ = round_->bind_combine(prepared_->combine_input());
 }
 
 void CapturedForward::replay(int64_t num_tokens) {
@@ -67,8 +55,9 @@ void CapturedForward::replay(int64_t num_tokens) {
     std::fill(topk_weights_.ptr<float>() + num_tokens * k,
               topk_weights_.ptr<float>() + capacity_ * k, 0.0f);
   }
-  if (local_ids_.defined()) dispatcher_->map_to_local_ids(topk_ids_.view(), local_ids_.ptr<int32_t>());
+  round_->dispatch(num_tokens);
   prepared_->run();
+  round_->combine(num_tokens);
 }
 
 }  // namespace moecore

@@ -1,7 +1,8 @@
 // Capture and replay of a FusedMoE forward: the CPU analogue of an engine capturing its MoE layer
 // in a CUDA graph per batch-size bucket. Capture allocates static input and output buffers, the
-// routing state and the runner's prepared run (prepared.h) for a token capacity; replay reads
-// the static inputs and writes the static output with no heap allocation and no lookups.
+// routing state, the dispatcher's prepared round (dispatcher.h) and the runner's prepared run
+// (prepared.h) for a token capacity; replay reads the static inputs and writes the static output
+// with no heap allocation and no lookups.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +20,12 @@ enum class CaptureInput { kRouterLogits, kTopK };
 class CapturedForward {
  public:
   /// Captures layer.forward (kRouterLogits) or layer.forward_topk (kTopK) for up to `capacity`
-  /// tokens of activation dtype `dtype`. The layer must have run process_weights_after_loading
-  /// and use a2a "none" (expert-parallel groups capture through ExpertParallelGroup). Throws
+  /// tokens of activation dtype `dtype` (bf16 on an expert-parallel layer, whose dispatcher
+  /// sends bf16 rows). The layer must have run process_weights_after_loading. Throws
   /// Unsupported, naming the reason, for what cannot be captured (a custom routing function in
-  /// kRouterLogits mode, a path without a prepared run, Python-registered callables).
+  /// kRouterLogits mode, DeepEP normal mode, a path without a prepared run, Python-registered
+  /// callables). On an expert-parallel layer (a2a deepep or flashinfer) replay is a collective:
+  /// every rank's captured forward replays together (ExpertParallelGroup::capture does that).
   CapturedForward(std::shared_ptr<FusedMoE> layer, int64_t capacity, CaptureInput input,
                   DType dtype);
 
@@ -48,9 +51,8 @@ class CapturedForward {
   int64_t capacity_;
   CaptureInput input_;
   Tensor hidden_states_, router_logits_, topk_ids_, topk_weights_, output_;
-  std::shared_ptr<StandardDispatcher> dispatcher_;
-  Tensor local_ids_;  // the dispatcher's global → local id map applied, when it has one
   std::unique_ptr<PreparedRouting> routing_;
+  PreparedRoundPtr round_;
   PreparedRunPtr prepared_;
   std::mutex mutex_;
 };

@@ -88,4 +88,39 @@ std::vector<Tensor> ExpertParallelGroup::forward_topk(const std::vector<Tensor>&
   });
 }
 
+std::unique_ptr<CapturedGroupForward> ExpertParallelGroup::capture(int64_t capacity,
+                                                                   CaptureInput input) {
+  std::vector<std::shared_ptr<CapturedForward>> ranks;
+  for (auto& layer : layers_)
+    ranks.push_back(std::make_shared<CapturedForward>(layer, capacity, input, DType::kBF16));
+  return std::make_unique<CapturedGroupForward>(group_, std::move(ranks));
+}
+
+CapturedGroupForward::CapturedGroupForward(std::shared_ptr<LoopbackGroup> group,
+                                           std::vector<std::shared_ptr<CapturedForward>> ranks)
+    : group_(std::move(group)), ranks_(std::move(ranks)) {
+  MOECORE_INTERNAL_CHECK(group_ && static_cast<int>(ranks_.size()) == group_->size(),
+                         "one captured forward per rank");
+  replay_rank_ = [this](int rank) { ranks_[rank]->replay(num_tokens_[rank]); };
+}
+
+const std::shared_ptr<CapturedForward>& CapturedGroupForward::rank(int r) const {
+  MOECORE_CHECK_INDEX(r >= 0 && r < size(), "CapturedGroupForward.rank: rank must be in [0, ",
+                      size(), "), got ", r);
+  return ranks_[r];
+}
+
+void CapturedGroupForward::replay(const std::vector<int64_t>& num_tokens) {
+  const char* api = "CapturedGroupForward.replay";
+  MOECORE_CHECK(static_cast<int>(num_tokens.size()) == size(), api,
+                ": expected one token count per rank (", size(), "), got ", num_tokens.size());
+  for (int r = 0; r < size(); ++r)  // checked here, so no rank starts a round another refuses
+    MOECORE_CHECK_INDEX(num_tokens[r] >= 0 && num_tokens[r] <= capacity(), api,
+                        ": expected num_tokens in [0, capacity = ", capacity(), "], got ",
+                        num_tokens[r], " for rank ", r);
+  std::lock_guard<std::mutex> lock(mutex_);
+  num_tokens_ = num_tokens.data();
+  group_->run(replay_rank_);
+}
+
 }  // namespace moecore

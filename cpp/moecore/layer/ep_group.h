@@ -5,11 +5,38 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "moecore/layer/capture.h"
 #include "moecore/layer/fused_moe.h"
 
 namespace moecore {
+
+/// A group's forward captured for up to `capacity` tokens per rank: one CapturedForward per rank
+/// (static bf16 buffers, the dispatcher's prepared round, the runner's prepared run), replayed
+/// together on the group's persistent rank threads with no heap allocation.
+class CapturedGroupForward {
+ public:
+  CapturedGroupForward(std::shared_ptr<LoopbackGroup> group,
+                       std::vector<std::shared_ptr<CapturedForward>> ranks);
+  int size() const { return static_cast<int>(ranks_.size()); }
+  int64_t capacity() const { return ranks_.front()->capacity(); }
+  /// Rank r's captured forward: its static buffers (replay it only through this class).
+  const std::shared_ptr<CapturedForward>& rank(int r) const;
+  /// One forward of every rank: rank r runs its first num_tokens[r] rows (each in [0, capacity];
+  /// the rest are padding). Equals ExpertParallelGroup::forward on the real rows bit for bit.
+  /// If a rank fails, the lowest-ranked original error is rethrown and the next replay starts
+  /// clean. Calls from several threads take turns.
+  void replay(const std::vector<int64_t>& num_tokens);
+
+ private:
+  std::shared_ptr<LoopbackGroup> group_;
+  std::vector<std::shared_ptr<CapturedForward>> ranks_;
+  std::function<void(int rank)> replay_rank_;  // built once: a replay allocates nothing
+  const int64_t* num_tokens_ = nullptr;        // the replay in progress
+  std::mutex mutex_;
+};
 
 class ExpertParallelGroup {
  public:
@@ -36,6 +63,11 @@ class ExpertParallelGroup {
   std::vector<Tensor> forward_topk(const std::vector<Tensor>& hidden_states,
                                    const std::vector<TopKOutput>& topk_outputs,
                                    bool is_extend_in_batch);
+
+  /// Captures forward (kRouterLogits) or forward_topk (kTopK) for up to `capacity` tokens per
+  /// rank, as an engine captures its decode batches: DeepEP runs low-latency (AUTO resolves to
+  /// it; NORMAL raises Unsupported), FlashInfer its fixed-size all-to-all.
+  std::unique_ptr<CapturedGroupForward> capture(int64_t capacity, CaptureInput input);
 
  private:
   void check_per_rank(const char* api, size_t n) const;

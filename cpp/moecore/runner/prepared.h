@@ -30,7 +30,10 @@ class PreparedRun {
 };
 using PreparedRunPtr = std::unique_ptr<PreparedRun>;
 
+/// Gets the runner's a2a backend too: one dispatch format can follow different rules under
+/// different backends (a StandardDispatchOutput under a2a flashinfer carries its invalid-token id
+/// and pre-quantized payload as FlashInfer's all-to-all leaves them).
 using PrepareFn = std::function<PreparedRunPtr(const DispatchOutputPtr&, const QuantInfoPtr&,
-                                               const MoeRunnerConfig&)>;
+                                               const MoeRunnerConfig&, MoeA2ABackend)>;
 
 }  // namespace moecore

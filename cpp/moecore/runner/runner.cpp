@@ -105,7 +105,7 @@ PreparedRunPtr MoeRunner::prepare(const DispatchOutputPtr& dispatch_output,
     MOECORE_UNSUPPORTED("MoeRunner.prepare: no prepared run is registered for dispatch format ",
                         to_string(format), " on runner ", to_string(runner_backend_),
                         ", so this path cannot be captured");
-  PreparedRunPtr prepared = prepare(dispatch_output, quant_info, config_);
+  PreparedRunPtr prepared = prepare(dispatch_output, quant_info, config_, a2a_backend_);
   MOECORE_INTERNAL_CHECK(prepared != nullptr && prepared->combine_input() != nullptr,
                          "the prepared run for ", to_string(format), " to ",
                          to_string(runner_backend_), " returned no combine input");

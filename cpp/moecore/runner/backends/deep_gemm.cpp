@@ -287,6 +287,8 @@ void grow(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
+}  // namespace
+
 /// The working memory of the deep_gemm loops, one set per schedule part: part p of a
 /// for_each_part loop uses parts[p] whichever thread runs it, so a workspace sized once (a
 /// prepared run's, at prepare) serves every later call without allocating. Eager calls size a
@@ -338,6 +340,8 @@ struct DeepGemmWorkspace {
     items.reserve(static_cast<size_t>(max_rows / kRowsPerItem + max_segments));
   }
 };
+
+namespace {
 
 /// fn(part, begin, end) over `parts` near-equal contiguous chunks of [0, n) (empty ones are
 /// skipped), the parts spread over the thread pool.
@@ -1170,7 +1174,7 @@ class DeepEPLLPreparedRun : public DeepGemmPreparedRun {
 
 template <typename Run>
 PreparedRunPtr prepare_deep_gemm(const DispatchOutputPtr& dispatch, const QuantInfoPtr& q,
-                                 const MoeRunnerConfig& config) {
+                                 const MoeRunnerConfig& config, MoeA2ABackend) {
   return std::make_unique<Run>(dispatch, q, config);
 }
 
@@ -1277,6 +1281,21 @@ Tensor deepgemm_post_reorder(const Tensor& down_output, const Tensor& src2dst,
   reorder_tokens(tokens, down_output.ptr<uint16_t>(), dst, H, routed_scaling_factor,
                  out.ptr<uint16_t>(), ws);
   return out;
+}
+
+SlotReorder::SlotReorder(int64_t max_slots, int64_t hidden, std::optional<float> rsf)
+    : workspace_(std::make_unique<DeepGemmWorkspace>()),
+      identity_(static_cast<size_t>(max_slots)),
+      hidden_(hidden),
+      rsf_(rsf) {
+  workspace_->reserve_tokens(hidden);
+  for (int64_t s = 0; s < max_slots; ++s) identity_[s] = static_cast<int32_t>(s);
+}
+
+SlotReorder::~SlotReorder() = default;
+
+void SlotReorder::run(const RoutedTokens& tokens, const uint16_t* slot_rows, uint16_t* out) {
+  reorder_tokens(tokens, slot_rows, identity_.data(), hidden_, rsf_, out, *workspace_);
 }
 
 MOECORE_REGISTER_RUNNER_CORE(DEEP_GEMM, make_deep_gemm_core);

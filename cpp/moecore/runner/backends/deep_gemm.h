@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "moecore/core/tensor.h"
 #include "moecore/quant/quant_info.h"
 #include "moecore/runner/config.h"
+#include "moecore/runner/expert_compute.h"
 
 namespace moecore {
 
@@ -46,6 +48,26 @@ DeepGemmPreprocessed moe_ep_deepgemm_preprocess(const Tensor& topk_ids, int64_t 
 Tensor deepgemm_post_reorder(const Tensor& down_output, const Tensor& src2dst,
                              const Tensor& topk_ids, const Tensor& topk_weights,
                              std::optional<float> routed_scaling_factor);
+
+struct DeepGemmWorkspace;
+
+/// post_reorder's arithmetic over one row per (token, slot) — src2dst the identity: out [T, H]
+/// bf16 from slot_rows [T·k, H] bf16, row t·k + j holding slot j of token t. DeepEP's combine
+/// applies it for the deep_gemm runner. The working memory is sized at construction, so run()
+/// allocates nothing.
+class SlotReorder {
+ public:
+  SlotReorder(int64_t max_slots, int64_t hidden, std::optional<float> routed_scaling_factor);
+  ~SlotReorder();
+  /// The T = tokens.num_tokens tokens' ids and weights (T·k ≤ max_slots); unchecked.
+  void run(const RoutedTokens& tokens, const uint16_t* slot_rows, uint16_t* out);
+
+ private:
+  std::unique_ptr<DeepGemmWorkspace> workspace_;
+  std::vector<int32_t> identity_;
+  int64_t hidden_;
+  std::optional<float> rsf_;
+};
 
 /// The deep_gemm runner core on the masked layout (what DeepGemmRunnerCore.run does with
 /// use_masked_gemm=True): hidden_states [E, m_max, H] (e4m3 codes + f32 hidden_states_scale

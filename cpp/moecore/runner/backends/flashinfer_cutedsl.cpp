@@ -227,9 +227,9 @@ CombineInputPtr run_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInf
 }
 
 PreparedRunPtr prepare_cutedsl_v2(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
-                                  const MoeRunnerConfig& config, bool flashinfer_a2a) {
+                                  const MoeRunnerConfig& config, MoeA2ABackend a2a) {
   return std::make_unique<TokenMajorRun>(
-      kApi, cutedsl_v2_plan(dispatch, quant_info, config, flashinfer_a2a, true),
+      kApi, cutedsl_v2_plan(dispatch, quant_info, config, a2a == MoeA2ABackend::FLASHINFER, true),
       std::make_shared<ExpertWorkspace>());
 }
 
@@ -406,7 +406,7 @@ CombineInputPtr run_cutedsl_v1(const DispatchOutputPtr& dispatch, const QuantInf
 }
 
 PreparedRunPtr prepare_cutedsl_v1(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
-                                  const MoeRunnerConfig& config) {
+                                  const MoeRunnerConfig& config, MoeA2ABackend) {
   return std::make_unique<MaskedRun>(dispatch, quant_info, config,
                                      std::make_shared<ExpertWorkspace>());
 }
@@ -422,28 +422,13 @@ CombineInputPtr fused_flashinfer_to_flashinfer_cutedsl(const DispatchOutputPtr& 
   return run_cutedsl_v2(d, q, config, /*flashinfer_a2a=*/true);
 }
 
-// A StandardDispatchOutput is captured with a2a none's rules (prepared runs are keyed by dispatch
-// format, not a2a backend).
-PreparedRunPtr prepare_standard_flashinfer_cutedsl(const DispatchOutputPtr& d,
-                                                   const QuantInfoPtr& q,
-                                                   const MoeRunnerConfig& config) {
-  return prepare_cutedsl_v2(d, q, config, /*flashinfer_a2a=*/false);
-}
-
-PreparedRunPtr prepare_flashinfer_flashinfer_cutedsl(const DispatchOutputPtr& d,
-                                                     const QuantInfoPtr& q,
-                                                     const MoeRunnerConfig& config) {
-  return prepare_cutedsl_v2(d, q, config, /*flashinfer_a2a=*/true);
-}
-
 }  // namespace
 
 MOECORE_REGISTER_FUSED_FUNC(NONE, FLASHINFER_CUTEDSL, fused_none_to_flashinfer_cutedsl);
 MOECORE_REGISTER_FUSED_FUNC(FLASHINFER, FLASHINFER_CUTEDSL, fused_flashinfer_to_flashinfer_cutedsl);
 MOECORE_REGISTER_FUSED_FUNC(DEEPEP, FLASHINFER_CUTEDSL, run_cutedsl_v1);
-MOECORE_REGISTER_PREPARED_RUN(STANDARD, FLASHINFER_CUTEDSL, prepare_standard_flashinfer_cutedsl);
-MOECORE_REGISTER_PREPARED_RUN(FLASHINFER, FLASHINFER_CUTEDSL,
-                              prepare_flashinfer_flashinfer_cutedsl);
+MOECORE_REGISTER_PREPARED_RUN(STANDARD, FLASHINFER_CUTEDSL, prepare_cutedsl_v2);
+MOECORE_REGISTER_PREPARED_RUN(FLASHINFER, FLASHINFER_CUTEDSL, prepare_cutedsl_v2);
 MOECORE_REGISTER_PREPARED_RUN(DEEPEP_LL, FLASHINFER_CUTEDSL, prepare_cutedsl_v1);
 
 }  // namespace moecore

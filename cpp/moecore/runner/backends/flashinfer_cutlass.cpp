@@ -339,31 +339,17 @@ CombineInputPtr fused_flashinfer_to_flashinfer_cutlass(const DispatchOutputPtr& 
 }
 
 PreparedRunPtr prepare_cutlass(const DispatchOutputPtr& d, const QuantInfoPtr& q,
-                               const MoeRunnerConfig& config, bool flashinfer_a2a) {
-  return std::make_unique<TokenMajorRun>(kApi, cutlass_plan(d, q, config, flashinfer_a2a, true),
-                                         std::make_shared<ExpertWorkspace>());
-}
-
-// A StandardDispatchOutput is captured with a2a none's rules (prepared runs are keyed by dispatch
-// format, not a2a backend).
-PreparedRunPtr prepare_standard_flashinfer_cutlass(const DispatchOutputPtr& d,
-                                                   const QuantInfoPtr& q,
-                                                   const MoeRunnerConfig& config) {
-  return prepare_cutlass(d, q, config, /*flashinfer_a2a=*/false);
-}
-
-PreparedRunPtr prepare_flashinfer_flashinfer_cutlass(const DispatchOutputPtr& d,
-                                                     const QuantInfoPtr& q,
-                                                     const MoeRunnerConfig& config) {
-  return prepare_cutlass(d, q, config, /*flashinfer_a2a=*/true);
+                               const MoeRunnerConfig& config, MoeA2ABackend a2a) {
+  return std::make_unique<TokenMajorRun>(
+      kApi, cutlass_plan(d, q, config, a2a == MoeA2ABackend::FLASHINFER, true),
+      std::make_shared<ExpertWorkspace>());
 }
 
 }  // namespace
 
 MOECORE_REGISTER_FUSED_FUNC(NONE, FLASHINFER_CUTLASS, fused_none_to_flashinfer_cutlass);
 MOECORE_REGISTER_FUSED_FUNC(FLASHINFER, FLASHINFER_CUTLASS, fused_flashinfer_to_flashinfer_cutlass);
-MOECORE_REGISTER_PREPARED_RUN(STANDARD, FLASHINFER_CUTLASS, prepare_standard_flashinfer_cutlass);
-MOECORE_REGISTER_PREPARED_RUN(FLASHINFER, FLASHINFER_CUTLASS,
-                              prepare_flashinfer_flashinfer_cutlass);
+MOECORE_REGISTER_PREPARED_RUN(STANDARD, FLASHINFER_CUTLASS, prepare_cutlass);
+MOECORE_REGISTER_PREPARED_RUN(FLASHINFER, FLASHINFER_CUTLASS, prepare_cutlass);
 
 }  // namespace moecore

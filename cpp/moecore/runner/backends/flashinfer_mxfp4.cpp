@@ -619,7 +619,7 @@ CombineInputPtr fused_none_to_flashinfer_mxfp4(const DispatchOutputPtr& dispatch
 
 PreparedRunPtr prepare_standard_flashinfer_mxfp4(const DispatchOutputPtr& dispatch,
                                                  const QuantInfoPtr& quant_info,
-                                                 const MoeRunnerConfig& config) {
+                                                 const MoeRunnerConfig& config, MoeA2ABackend) {
   return std::make_unique<Mxfp4FusedRun>(dispatch, quant_info, config, RunKind::kPrepared);
 }
 

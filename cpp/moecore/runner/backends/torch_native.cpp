@@ -216,7 +216,8 @@ class TorchNativePreparedRun : public PreparedRun {
 };
 
 PreparedRunPtr prepare_standard_torch_native(const DispatchOutputPtr& dispatch,
-                                             const QuantInfoPtr& q, const MoeRunnerConfig& config) {
+                                             const QuantInfoPtr& q, const MoeRunnerConfig& config,
+                                             MoeA2ABackend) {
   return std::make_unique<TorchNativePreparedRun>(dispatch, q, config);
 }
 

@@ -502,7 +502,7 @@ class TritonPreparedRun : public PreparedRun {
 };
 
 PreparedRunPtr prepare_standard_triton(const DispatchOutputPtr& dispatch, const QuantInfoPtr& q,
-                                       const MoeRunnerConfig& config) {
+                                       const MoeRunnerConfig& config, MoeA2ABackend) {
   return std::make_unique<TritonPreparedRun>(dispatch, q, config);
 }
 
