@@ -3,9 +3,11 @@
 // is an exception the caller can catch.
 #pragma once
 
-#include <sstream>
+#include <charconv>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 namespace moecore {
 
@@ -29,21 +31,37 @@ class ContractViolation : public Error { using Error::Error; };
 /// A broken internal invariant: a bug in moecore. Python: RuntimeError.
 class InternalError : public Error { using Error::Error; };
 
+/// A str_cat argument written in hexadecimal (lower case, no prefix).
+struct Hex {
+  unsigned long long value;
+};
+
 namespace detail {
-inline void append(std::ostringstream&) {}
-template <typename T, typename... Rest>
-void append(std::ostringstream& os, const T& first, const Rest&... rest) {
-  os << first;
-  append(os, rest...);
+// Formats without iostreams, which consult the process-wide C++ locale: inside a Python that had
+// loaded another libstdc++ (PyTorch's, on the lent machines) building a message there crashed.
+inline void append(std::string& s, std::string_view v) { s.append(v); }
+inline void append(std::string& s, const char* v) { s.append(v ? v : "(null)"); }
+inline void append(std::string& s, char v) { s.push_back(v); }
+inline void append(std::string& s, bool v) { s.push_back(v ? '1' : '0'); }  // as operator<<
+inline void append(std::string& s, Hex v) {
+  char buf[32];
+  s.append(buf, std::to_chars(buf, buf + sizeof buf, v.value, 16).ptr);
+}
+/// Integers in decimal; floats in their shortest round-trip form.
+template <typename T>
+std::enable_if_t<std::is_arithmetic_v<T>> append(std::string& s, T v) {
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, v);
+  s.append(buf, r.ptr);
 }
 }  // namespace detail
 
-/// Concatenates its arguments with operator<< into one string.
+/// Concatenates its arguments (strings, characters, numbers) into one string.
 template <typename... Args>
 std::string str_cat(const Args&... args) {
-  std::ostringstream os;
-  detail::append(os, args...);
-  return os.str();
+  std::string s;
+  (detail::append(s, args), ...);
+  return s;
 }
 
 }  // namespace moecore

@@ -894,7 +894,7 @@ Tensor dequantize_nvfp4(const TensorView& q, const TensorView& block_scale,
       srows.load_bytes(r, sbuf.data());
       for (int64_t c = 0; c < nsf; ++c)
         MOECORE_CHECK(sbuf[c] < 0x7f, kApi, ": expected block_scale finite and >= 0, got ",
-                      fp8_e4m3_to_f32(sbuf[c]), " (code 0x", std::hex, int(sbuf[c]), std::dec,
+                      fp8_e4m3_to_f32(sbuf[c]), " (code 0x", Hex{sbuf[c]},
                       ") at row ", r, " block ", c);
     }
   }
