@@ -243,6 +243,21 @@ def test_deepep_normal_mode_cannot_be_captured():
         group.capture(4)
 
 
+def test_a_path_without_a_prepared_run_is_refused_at_capture():
+    """FP8 block weights under a2a flashinfer run the triton runner (the method's choice), which
+    has no flashinfer-format path: eager raises sglang's assertion, capture says it cannot."""
+    kwargs = dict(PATHS["deepep_deep_gemm_fp8"][0], a2a_backend="flashinfer",
+                  runner_backend="flashinfer_cutlass")
+    group = moecore.ExpertParallelGroup(2, num_experts=E, hidden_size=H, intermediate_size=I,
+                                        topk_config=moecore.TopKConfig(top_k=K), **kwargs)
+    _load_fp8(group, _fp8_shards(np.random.default_rng(0)))
+    group.process_weights_after_loading()
+    with pytest.raises(NotImplementedError,
+                       match="no prepared run is registered for dispatch format flashinfer on "
+                             "runner triton, so this path cannot be captured"):
+        group.capture(4)
+
+
 def test_capacity_above_the_low_latency_buffer_is_refused():
     group = make_group("deepep_deep_gemm_bf16", 2)
     with pytest.raises(ValueError, match="exceeds num_max_dispatch_tokens_per_rank = 8"):
