@@ -2,8 +2,9 @@
 // changing contents (hidden states, routing with −1 ids and padding rows, routed weights) gives
 // a fresh eager MoeRunner::run's bits and allocates nothing, for GPT-OSS (clamped SwiGLU, biases,
 // padded hidden), DSv4 (with and without swiglu_limit) and a hand-built expert-parallel payload
-// with int64 ids, at every kernel level and thread count; bad contents raise eager's errors
-// without touching the output.
+// with int64 ids, at every kernel level and thread count, with the quant method's kernel layout
+// and with one the run builds itself (which equal the deinterleaved contract byte for byte); bad
+// contents raise eager's errors without touching the output.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
 #include "moecore/formats/layout.h"
+#include "moecore/isa/isa.h"
 #include "moecore/layer/fused_moe.h"
 #include "moecore/quant/mxfp4.h"
 #include "moecore/runner/runner.h"
@@ -271,6 +273,83 @@ INSTANTIATE_TEST_SUITE_P(
                       PreparedCase{"expert_parallel_i64", expert_parallel, DType::kI64}),
     [](const ::testing::TestParamInfo<PreparedCase>& info) { return info.param.name; });
 
+/// The payload's quant info without a kernel layout (as one built by hand): every prepared run
+/// (and eager call) derives the layout from the contract layout itself.
+QuantInfoPtr without_kernel_layout(const QuantInfoPtr& quant_info) {
+  auto q = std::make_shared<FlashInferMxfp4CutlassMoeQuantInfo>(
+      dynamic_cast<const FlashInferMxfp4CutlassMoeQuantInfo&>(*quant_info));
+  q->kernel_layout = Mxfp4KernelLayout();
+  return q;
+}
+
+/// The payload's quant info with a kernel layout: the method's, or for a hand-built payload the
+/// deinterleaved contract tensors (as a caller building one by hand may pass them).
+QuantInfoPtr with_kernel_layout(const QuantInfoPtr& quant_info) {
+  const auto& given = dynamic_cast<const FlashInferMxfp4CutlassMoeQuantInfo&>(*quant_info);
+  if (given.kernel_layout.w13_weight.defined()) return quant_info;
+  auto q = std::make_shared<FlashInferMxfp4CutlassMoeQuantInfo>(given);
+  q->kernel_layout = {deinterleave_moe_weights_for_sm90_mixed_gemm(q->w13_weight.view()),
+                      deinterleave_moe_scales_for_sm90_mixed_gemm(q->w13_weight_scale.view()),
+                      deinterleave_moe_weights_for_sm90_mixed_gemm(q->w2_weight.view()),
+                      deinterleave_moe_scales_for_sm90_mixed_gemm(q->w2_weight_scale.view())};
+  return q;
+}
+
+TEST_P(PreparedMxfp4Test, KernelLayoutIsTheDeinterleavedContractLayout) {
+  std::mt19937 rng(47);
+  const Payload p = GetParam().make(rng);
+  const auto& q = dynamic_cast<const FlashInferMxfp4CutlassMoeQuantInfo&>(*p.quant_info);
+  if (p.layer == nullptr) {  // hand-built: no quant method made a layout
+    EXPECT_FALSE(q.kernel_layout.w13_weight.defined());
+    return;
+  }
+  ASSERT_TRUE(q.kernel_layout.w13_weight.defined());
+  const std::pair<const Tensor*, Tensor> expected[] = {
+      {&q.kernel_layout.w13_weight,
+       deinterleave_moe_weights_for_sm90_mixed_gemm(q.w13_weight.view())},
+      {&q.kernel_layout.w2_weight,
+       deinterleave_moe_weights_for_sm90_mixed_gemm(q.w2_weight.view())},
+      {&q.kernel_layout.w13_weight_scale,
+       deinterleave_moe_scales_for_sm90_mixed_gemm(q.w13_weight_scale.view())},
+      {&q.kernel_layout.w2_weight_scale,
+       deinterleave_moe_scales_for_sm90_mixed_gemm(q.w2_weight_scale.view())}};
+  for (const auto& [kernel, contract] : expected) {
+    EXPECT_EQ(kernel->dtype(), DType::kU8);
+    EXPECT_TRUE(kernel->view().is_contiguous());
+    EXPECT_TRUE(same_bits(*kernel, contract));
+  }
+}
+
+/// Every ISA level this machine has, with a kernel layout in the quant info and without one (the
+/// run derives it), at 1 and 2 threads: prepared equals eager, and all give the same bits.
+TEST_P(PreparedMxfp4Test, EagerEqualsPreparedAtEveryIsaLevel) {
+  std::mt19937 rng(48);
+  const Payload p = GetParam().make(rng);
+  const QuantInfoPtr with_layout = with_kernel_layout(p.quant_info);
+  const QuantInfoPtr infos[] = {with_layout, without_kernel_layout(p.quant_info)};
+  const auto d = make_dispatch(6, p.hidden, 2, GetParam().id_dtype);
+  refill(rng, *d, p.global_experts, 1);
+  std::optional<Tensor> first;
+  for (IsaLevel level : available_isa_levels()) {
+    for (const QuantInfoPtr& q : infos) {
+      for (int threads : {1, 2}) {
+        ThreadPool::instance().set_num_threads(threads);
+        MoeRunner runner(MoeRunnerBackend::FLASHINFER_MXFP4, runner_config(level, p),
+                         MoeA2ABackend::NONE);
+        const PreparedRunPtr prepared = runner.prepare(d, q);
+        EXPECT_EQ(count_allocations([&] { prepared->run(); }), 0);
+        const std::string where = std::string(isa_level_name(level)) + ", " +
+                                  std::to_string(threads) + " threads" +
+                                  (q == with_layout ? "" : ", layout derived by the run");
+        const Tensor eager = eager_output(runner, *d, q);
+        EXPECT_TRUE(same_bits(prepared_output(*prepared), eager)) << where;
+        if (!first) first = Tensor::copy_of(eager.view());
+        EXPECT_TRUE(same_bits(eager, *first)) << where;
+      }
+    }
+  }
+}
+
 TEST(PreparedMxfp4ErrorsTest, NanScaleOfARoutedExpertRaisesLikeEager) {
   std::mt19937 rng(44);
   const Payload p = expert_parallel(rng);
@@ -293,6 +372,41 @@ TEST(PreparedMxfp4ErrorsTest, NanScaleOfARoutedExpertRaisesLikeEager) {
   EXPECT_THROW(eager_output(runner, *d, p.quant_info), InvalidArgument);
   EXPECT_THROW(prepared->run(), InvalidArgument);
   EXPECT_TRUE(same_bits(prepared_output(*prepared), good));
+}
+
+/// A kernel layout whose shapes do not match the contract's is an InvalidArgument naming the
+/// field, at prepare and eagerly, for an empty batch too (it is part of the payload).
+TEST(PreparedMxfp4ErrorsTest, BadKernelLayoutShapesRaise) {
+  std::mt19937 rng(49);
+  const Payload p = gpt_oss(rng);
+  MoeRunner runner(MoeRunnerBackend::FLASHINFER_MXFP4, runner_config(IsaLevel::kScalar, p),
+                   MoeA2ABackend::NONE);
+  const auto& good = dynamic_cast<const FlashInferMxfp4CutlassMoeQuantInfo&>(*p.quant_info);
+  const Mxfp4KernelLayout& kl = good.kernel_layout;
+  const Tensor &w13 = kl.w13_weight, &s13 = kl.w13_weight_scale;
+  const Tensor &w2 = kl.w2_weight, &s2 = kl.w2_weight_scale;
+  const std::pair<const char*, Mxfp4KernelLayout> bad_layouts[] = {
+      {"kernel_layout.w13_weight", {w2, s13, w2, s2}},
+      {"kernel_layout.w13_weight_scale", {w13, s2, w2, s2}},
+      {"kernel_layout.w2_weight", {w13, s13, w13, s2}},
+      {"kernel_layout.w2_weight_scale", {w13, s13, w2, Tensor()}}};
+  for (int64_t tokens : {3, 0}) {
+    const auto d = make_dispatch(tokens, p.hidden, 2, DType::kI32);
+    if (tokens > 0) refill(rng, *d, p.global_experts, 1);
+    for (const auto& [field, layout] : bad_layouts) {
+      auto q = std::make_shared<FlashInferMxfp4CutlassMoeQuantInfo>(good);
+      q->kernel_layout = layout;
+      for (bool prepared : {true, false}) {
+        try {
+          if (prepared) runner.prepare(d, q);
+          else runner.run(d, q);
+          ADD_FAILURE() << field << " accepted (" << tokens << " tokens)";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+        }
+      }
+    }
+  }
 }
 
 TEST(PreparedMxfp4ErrorsTest, EmptyBatchReturnsHiddenStatesAndAllocatesNothing) {

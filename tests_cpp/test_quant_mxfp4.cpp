@@ -2,7 +2,9 @@
 // construction (loops here, then the formats SM90 transforms), the layer path is bit-identical
 // to the direct kernel call (R7), the kernel agrees with an Eigen fp64 reference on weights
 // decoded by the formats codec, empty input skips the kernel (R9), results are identical across
-// thread counts and batch compositions, and misuse raises the documented errors.
+// thread counts and batch compositions, the quant method's kernel layout is the deinterleaved
+// contract layout (and a quant info without it gives the same bits), and misuse raises the
+// documented errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -164,6 +166,94 @@ TEST(Mxfp4QuantTest, ProcessedLayoutEqualsManualConstruction) {
       EXPECT_EQ(l.layer->parameter("swiglu_limit").ptr<float>()[e], 7.0f);
     }
   }
+}
+
+/// The kernel layout made by processing is the SM90 contract layout with the interleave and fold
+/// undone, byte for byte, and every quant info of the method carries it. A quant info without it
+/// (built by hand) gives the same bits through the runner, as does the direct kernel call; a
+/// kernel layout of the wrong shape, dtype or contiguity, or only part of one, is rejected.
+TEST(Mxfp4QuantTest, KernelLayoutIsTheDeinterleavedContractLayout) {
+  std::mt19937 rng(5);
+  GptOssCkpt c = make_ckpt(rng, 3, 96, 160);
+  GptOssLayer l = make_gpt_oss(c);
+  QuantInfoPtr qp = l.method->quant_info(*l.layer);
+  const FlashInferMxfp4CutlassMoeQuantInfo& q = info_of(qp);
+  const Mxfp4KernelLayout& kl = q.kernel_layout;
+  ASSERT_TRUE(kl.w13_weight.defined() && kl.w13_weight_scale.defined() &&
+              kl.w2_weight.defined() && kl.w2_weight_scale.defined());
+  expect_same_bytes(kl.w13_weight,
+                    deinterleave_moe_weights_for_sm90_mixed_gemm(q.w13_weight.view()),
+                    "w13_weight");
+  expect_same_bytes(kl.w2_weight, deinterleave_moe_weights_for_sm90_mixed_gemm(q.w2_weight.view()),
+                    "w2_weight");
+  expect_same_bytes(kl.w13_weight_scale,
+                    deinterleave_moe_scales_for_sm90_mixed_gemm(q.w13_weight_scale.view()),
+                    "w13_weight_scale");
+  expect_same_bytes(kl.w2_weight_scale,
+                    deinterleave_moe_scales_for_sm90_mixed_gemm(q.w2_weight_scale.view()),
+                    "w2_weight_scale");
+  EXPECT_EQ(kl.w13_weight.view().shape_vector(), (std::vector<int64_t>{3, 2 * 256, 128 / 2}));
+  EXPECT_EQ(kl.w2_weight_scale.view().shape_vector(), (std::vector<int64_t>{3, 128, 256 / 32}));
+  for (const Tensor* t :
+       {&kl.w13_weight, &kl.w13_weight_scale, &kl.w2_weight, &kl.w2_weight_scale}) {
+    EXPECT_EQ(t->dtype(), DType::kU8);
+    EXPECT_TRUE(t->view().is_contiguous());
+  }
+  EXPECT_EQ(info_of(l.method->quant_info(*l.layer)).kernel_layout.w13_weight.ptr<uint8_t>(),
+            kl.w13_weight.ptr<uint8_t>());  // made once, shared by every quant info
+
+  // Without the layout (a quant info built by hand) the runner derives it: the same bits.
+  auto d = std::make_shared<StandardDispatchOutput>();
+  d->hidden_states = random_bf16(rng, {5, 96}, 1.0f);
+  d->topk_output = random_topk(rng, 5, 3, 2);
+  const auto run = [&](const QuantInfoPtr& info) {
+    return std::dynamic_pointer_cast<StandardCombineInput>(l.layer->runner()->run(d, info))
+        ->hidden_states;
+  };
+  const Tensor with_layout = run(qp);
+  auto bare = std::make_shared<FlashInferMxfp4CutlassMoeQuantInfo>(q);
+  bare->kernel_layout = Mxfp4KernelLayout();
+  expect_same_bytes(run(bare), with_layout,
+                    "kernel layout derived by the runner");
+  const Tensor direct = cutlass_fused_moe_mxfp4(
+      direct_args(q, d->hidden_states, std::get<StandardTopKOutput>(d->topk_output)),
+      current_isa_level());
+  expect_same_bytes(Tensor::copy_of(direct.view().narrow(1, 0, 96)), with_layout,
+                    "direct kernel call");
+
+  // A bad kernel layout is an InvalidArgument naming the field (a dtype: DTypeError).
+  const auto expect_rejected = [&](const char* field, auto edit, bool dtype = false) {
+    auto bad = std::make_shared<FlashInferMxfp4CutlassMoeQuantInfo>(q);
+    edit(bad->kernel_layout);
+    try {
+      run(bad);
+      ADD_FAILURE() << field << ": accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_FALSE(dtype) << e.what();
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    } catch (const DTypeError& e) {
+      EXPECT_TRUE(dtype) << e.what();
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  expect_rejected("kernel_layout.w13_weight", [&](Mxfp4KernelLayout& k) {
+    k.w13_weight = Tensor::copy_of(k.w13_weight.view().narrow(1, 0, 256));
+  });
+  expect_rejected("kernel_layout.w2_weight_scale", [&](Mxfp4KernelLayout& k) {
+    k.w2_weight_scale = k.w13_weight_scale;  // [3, 512, 4] for [3, 128, 8]
+  });
+  expect_rejected("kernel_layout.w13_weight_scale", [&](Mxfp4KernelLayout& k) {
+    k.w13_weight_scale = Tensor::zeros({3, 2 * 256, 128 / 32 + 1}, DType::kU8);
+  });
+  expect_rejected("kernel_layout.w2_weight", [&](Mxfp4KernelLayout& k) {
+    const Tensor wide = Tensor::zeros({3, 128, 256}, DType::kU8);  // not contiguous once narrowed
+    k.w2_weight = Tensor(wide.view().narrow(2, 0, 128), wide.owner());
+  });
+  expect_rejected("kernel_layout.w2_weight", [&](Mxfp4KernelLayout& k) { k.w2_weight = Tensor(); });
+  expect_rejected(
+      "kernel_layout.w13_weight",
+      [&](Mxfp4KernelLayout& k) { k.w13_weight = Tensor::zeros({3, 512, 64}, DType::kBF16); },
+      /*dtype=*/true);
 }
 
 TEST(Mxfp4QuantTest, R7LayerPathEqualsDirectKernelCall) {

@@ -22,6 +22,7 @@ import moecore
 import numpy as np
 import pytest
 from moecore import _moecore as C
+from moecore import formats as mf
 from moecore.reference import moe_mxfp4 as R
 from moecore.testing import (
     assert_bitwise_equal,
@@ -187,6 +188,77 @@ def test_R7_one_fused_registration():
             r"^Runner backend MoeRunnerBackend.FLASHINFER_MXFP4 requires a fused func for a2a "
             r"backend deepep, but none is registered.$")):
         moecore.MoeRunner(BACKEND, moecore.MoeRunnerConfig(), a2a_backend="deepep")
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel layout a quant method keeps (moecore: quant_info.kernel_layout)
+
+def _contract_kernel_layout(q):
+    """The SM90 contract tensors of q with the interleave and fold undone (moecore.formats)."""
+    return (mf.deinterleave_moe_weights_for_sm90_mixed_gemm(q.w13_weight),
+            mf.deinterleave_moe_scales_for_sm90_mixed_gemm(q.w13_weight_scale),
+            mf.deinterleave_moe_weights_for_sm90_mixed_gemm(q.w2_weight),
+            mf.deinterleave_moe_scales_for_sm90_mixed_gemm(q.w2_weight_scale))
+
+
+@pytest.mark.parametrize("method_kind", ["gpt-oss", "dsv4"])
+def test_kernel_layout_is_the_deinterleaved_contract_layout(method_kind):
+    rng = np.random.default_rng(61)
+    if method_kind == "gpt-oss":
+        E, H, I = 3, 96, 160
+        layer, method = M.gpt_oss_layer(M.random_gpt_oss_checkpoint(rng, E, H, I, mode="bytes"))
+        n, k = R.round_up(I, 128), R.round_up(H, 128)
+    else:
+        E, H, I = 2, 256, 128
+        layer, method = M.dsv4_layer(M.random_dsv4_weights(rng, E, H, I), swiglu_limit=10.0)
+        n, k = I, H
+    q = method.quant_info(layer)
+    layout = q.kernel_layout
+    assert isinstance(layout, tuple) and len(layout) == 4
+    shapes = [(E, 2 * n, k // 2), (E, 2 * n, k // 32), (E, k, n // 2), (E, k, n // 32)]
+    for got, want, shape in zip(layout, _contract_kernel_layout(q), shapes):
+        assert got.dtype == np.uint8 and got.shape == shape and got.flags.c_contiguous
+        assert_bitwise_equal(got, np.asarray(want).view(np.uint8))
+
+    # A quant info built by hand, with and without the kernel layout: the runner gives the same
+    # bits (without it, it derives the layout from the contract tensors), eagerly and prepared.
+    with_layout = C.FlashInferMxfp4CutlassMoeQuantInfo(**_quant_kwargs(q), kernel_layout=layout)
+    bare = C.FlashInferMxfp4CutlassMoeQuantInfo(**_quant_kwargs(q))
+    assert bare.kernel_layout is None
+    for got, want in zip(with_layout.kernel_layout, layout):
+        assert_bitwise_equal(got, want)
+    x = _x(rng, 7, H)
+    w, ids = _topk(rng, 7, E, 2, drop=True)
+    dispatch = moecore.StandardDispatchOutput(x, moecore.StandardTopKOutput(w, ids))
+    outs = [layer.runner.run(dispatch, info).hidden_states for info in (q, with_layout, bare)]
+    for other in outs[1:]:
+        assert_bitwise_equal(other, outs[0], what="with vs without kernel_layout")
+    assert_bitwise_equal(outs[0], layer.forward_topk(x, moecore.StandardTopKOutput(w, ids)))
+
+
+def test_kernel_layout_keyword_checks():
+    _, layer, method = _small_gpt_oss()
+    q = method.quant_info(layer)
+    kw = _quant_kwargs(q)
+    w13, s13, w2, s2 = q.kernel_layout
+    tagged = C.FlashInferMxfp4CutlassMoeQuantInfo(**kw, kernel_layout=[w13, s13, w2, s2])
+    assert len(tagged.kernel_layout) == 4
+    with pytest.raises(ValueError, match=r"kernel_layout must be None or a 4-tuple"):
+        C.FlashInferMxfp4CutlassMoeQuantInfo(**kw, kernel_layout=(w13, s13, w2))
+    with pytest.raises(TypeError, match=r"kernel_layout\[1\] \(w13_weight_scale\) must be"):
+        C.FlashInferMxfp4CutlassMoeQuantInfo(**kw, kernel_layout=(w13, s13.astype(np.float32),
+                                                                  w2, s2))
+    # Shapes are checked against the contract tensors when the runner uses it.
+    x = cast(np.ones((2, 128)), "bf16")
+    tk = moecore.StandardTopKOutput(np.full((2, 2), 0.5, np.float32),
+                                    np.array([[0, 1], [1, 0]], np.int32))
+    bad = C.FlashInferMxfp4CutlassMoeQuantInfo(**kw, kernel_layout=(w13, s13, w2, s13))
+    with pytest.raises(ValueError, match=r"expected kernel_layout\.w2_weight_scale contiguous"):
+        layer.runner.run(moecore.StandardDispatchOutput(x, tk), bad)
+    with pytest.raises(ValueError, match=r"kernel_layout\.w13_weight contiguous"):
+        narrow = C.FlashInferMxfp4CutlassMoeQuantInfo(
+            **kw, kernel_layout=(w13[:, :, :32], s13, w2, s2))
+        layer.runner.prepare(moecore.StandardDispatchOutput(x, tk), narrow)
 
 
 # ---------------------------------------------------------------------------------------------

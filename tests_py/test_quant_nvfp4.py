@@ -667,6 +667,52 @@ def test_R15_cutedsl_guards(case):
             runner.run(moecore.StandardDispatchOutput(p["x"], topk_output=by), info)
 
 
+
+@pytest.mark.parametrize("backend", [CUTLASS, CUTEDSL])
+def test_linear_scales_are_derived_once_and_change_no_bit(backend):
+    """The method hands the runner its block scales in the kernels' linear layout, derived once
+    at load (quant info linear_scales); a quant info without them derives the same scales from
+    the contract layout on every call and gives the same bits; a wrong shape is a clear error."""
+    rng = np.random.default_rng(12)
+    e, h, inter, t = 4, 64, 128, 9
+    layer = _layer(backend, e=e, h=h, inter=inter)
+    N.load_checkpoint(layer, N.make_modelopt_checkpoint(rng, e, h, inter))
+    layer.process_weights_after_loading()
+    info = _quant_info_of(layer)
+    w13_linear, w2_linear = info.linear_scales
+    blocks = mf.NVFP4_BLOCK_SIZE
+    want13 = mf.unswizzle_nvfp4_scales(layer.parameter("w13_blockscale_swizzled"), 2 * inter,
+                                       h // blocks)
+    want2 = mf.unswizzle_nvfp4_scales(layer.parameter("w2_blockscale_swizzled"), h, inter // blocks)
+    assert_bitwise_equal(w13_linear, want13, what="w13 linear scales")
+    assert_bitwise_equal(w2_linear, want2, what="w2 linear scales")
+
+    if backend == CUTLASS:
+        def rebuild(**kw):
+            return CutlassInfo(quant_type="fp4", w13_weight=info.w13_weight,
+                               w2_weight=info.w2_weight, quant_scales=info.quant_scales,
+                               output_dtype="bf16", apply_routed_scaling_factor=False, **kw)
+    else:
+        def rebuild(**kw):
+            return CuteInfo(w13_weight=info.w13_weight, w2_weight=info.w2_weight,
+                            w13_weight_sf=info.w13_weight_sf, w2_weight_sf=info.w2_weight_sf,
+                            w1_alpha=info.w1_alpha, w2_alpha=info.w2_alpha,
+                            a1_scale=info.a1_scale, a2_scale=info.a2_scale, **kw)
+    runner = moecore.MoeRunner(backend, moecore.MoeRunnerConfig(inplace=False))
+    x = rng.standard_normal((t, h)).astype(BF16)
+    ids, weights = N.routing(rng, t, e, 2)
+    dispatch = moecore.StandardDispatchOutput(x, moecore.StandardTopKOutput(weights, ids))
+    with_scales = runner.run(dispatch, info).hidden_states
+    derived = runner.run(dispatch, rebuild()).hidden_states
+    assert rebuild().linear_scales is None
+    assert_bitwise_equal(derived, with_scales, what="derived per call")
+    assert_bitwise_equal(layer.forward_topk(x, moecore.StandardTopKOutput(weights, ids)),
+                         with_scales, what="layer forward")
+    with pytest.raises(ValueError, match=r"linear_scales.w13 contiguous \[4, 256, 4\]"):
+        runner.run(dispatch, rebuild(linear_scales=(w13_linear[:, :-1], w2_linear)))
+    with pytest.raises(TypeError, match="linear_scales"):
+        rebuild(linear_scales=(w13_linear.view(np.uint8), w2_linear))
+
 @pytest.mark.parametrize("backend", [CUTLASS, CUTEDSL])
 def test_R9_empty_input(backend):
     rng = np.random.default_rng(9)

@@ -72,6 +72,30 @@ std::string quant_repr(const char* cls, std::initializer_list<std::pair<const ch
 
 }  // namespace
 
+/// The moecore keyword `linear_scales`: None, or (w13, w2) NVFP4 block scales in the kernels'
+/// linear layout (float8_e4m3fn [E, rows, K/16]; Nvfp4LinearScales).
+Nvfp4LinearScales to_linear_scales(const char* cls, const py::object& value) {
+  if (value.is_none()) return {};
+  MOECORE_CHECK(py::isinstance<py::sequence>(value) && py::len(value) == 2, cls,
+                ": linear_scales must be None or a pair (w13, w2)");
+  const py::sequence pair = value.cast<py::sequence>();
+  Nvfp4LinearScales s{to_required_tensor(pair[0], "linear_scales[0] (w13)"),
+                      to_required_tensor(pair[1], "linear_scales[1] (w2)")};
+  check_field_dtype(cls, "linear_scales[0]", s.w13, {DType::kF8E4M3});
+  check_field_dtype(cls, "linear_scales[1]", s.w2, {DType::kF8E4M3});
+  return s;
+}
+
+py::object from_linear_scales(const Nvfp4LinearScales& s) {
+  if (!s.w13.defined()) return py::none();
+  return py::make_tuple(to_numpy(s.w13), to_numpy(s.w2));
+}
+
+constexpr const char* kLinearScalesDoc =
+    "moecore: the NVFP4 block scales (w13, w2) in the kernels' linear layout, float8_e4m3fn "
+    "[E, rows, K/16], made once when a quant method processes its weights; None: the runner "
+    "derives them from the contract layout on every call.";
+
 void bind_quant(py::module_& m) {
   py::class_<MoeQuantInfo, QuantInfoPtr>(m, "MoeQuantInfo", "Base of the QuantInfo payloads.");
 
@@ -213,7 +237,8 @@ void bind_quant(py::module_& m) {
     cls.def(py::init([](py::object w13, py::object w2, py::object w13_sf, py::object w2_sf,
                         py::object w1_alpha, py::object w2_alpha, py::object a1_scale,
                         py::object a2_scale, py::object wrapper, bool use_nvfp4_dispatch,
-                        py::object down_gemm_overlap_args, int64_t local_expert_offset) {
+                        py::object down_gemm_overlap_args, int64_t local_expert_offset,
+                        py::object linear_scales) {
               auto q = std::make_shared<Q>();
               q->w13_weight = to_required_tensor(w13, "CuteDslFp4MoeQuantInfo.w13_weight");
               q->w2_weight = to_required_tensor(w2, "CuteDslFp4MoeQuantInfo.w2_weight");
@@ -228,6 +253,7 @@ void bind_quant(py::module_& m) {
                             "local_expert_offset must be >= 0, got ", local_expert_offset);
               q->local_expert_offset = local_expert_offset;
               const char* c = "CuteDslFp4MoeQuantInfo";
+              q->linear_scales = to_linear_scales(c, linear_scales);
               for (auto [f, t] : {std::pair{"w13_weight", &q->w13_weight}, {"w2_weight", &q->w2_weight}})
                 check_field_dtype(c, f, *t, {DType::kU8, DType::kFp4E2M1x2});
               for (auto [f, t] : {std::pair{"w1_alpha", &q->w1_alpha}, {"w2_alpha", &q->w2_alpha},
@@ -243,13 +269,16 @@ void bind_quant(py::module_& m) {
             py::kw_only(), "w13_weight"_a, "w2_weight"_a, "w13_weight_sf"_a, "w2_weight_sf"_a,
             "w1_alpha"_a, "w2_alpha"_a, "a1_scale"_a, "a2_scale"_a, "wrapper"_a = py::none(),
             "use_nvfp4_dispatch"_a = false, "down_gemm_overlap_args"_a = py::none(),
-            "local_expert_offset"_a = 0);
+            "local_expert_offset"_a = 0, "linear_scales"_a = py::none());
     tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight),
                       field("w13_weight_sf", &Q::w13_weight_sf), field("w2_weight_sf", &Q::w2_weight_sf),
                       field("w1_alpha", &Q::w1_alpha), field("w2_alpha", &Q::w2_alpha),
                       field("a1_scale", &Q::a1_scale), field("a2_scale", &Q::a2_scale));
     cls.def_readonly("use_nvfp4_dispatch", &Q::use_nvfp4_dispatch)
         .def_readonly("local_expert_offset", &Q::local_expert_offset)
+        .def_property_readonly(
+            "linear_scales", [](const Q& q) { return from_linear_scales(q.linear_scales); },
+            kLinearScalesDoc)
         .def("__repr__", [](const Q& q) {
           return quant_repr("CuteDslFp4MoeQuantInfo", {{"w13_weight", &q.w13_weight}, {"w2_weight", &q.w2_weight},
                                                        {"w13_weight_sf", &q.w13_weight_sf}, {"w2_weight_sf", &q.w2_weight_sf},
@@ -258,13 +287,41 @@ void bind_quant(py::module_& m) {
   }
   {
     using Q = FlashInferMxfp4CutlassMoeQuantInfo;
+    // The moecore keyword `kernel_layout`: None, or (w13_weight, w13_weight_scale, w2_weight,
+    // w2_weight_scale) in the kernels' layout (Mxfp4KernelLayout).
+    static constexpr const char* kKernelLayoutDoc =
+        "moecore: the four weights in the kernels' layout, (w13_weight, w13_weight_scale, "
+        "w2_weight, w2_weight_scale): uint8 packed e2m1 [E, rows, K/2] and uint8 E8M0 linear "
+        "scales [E, rows, K/32] (the SM90 interleave and fold undone), made once when a quant "
+        "method processes its weights; None: the runner derives it from the contract layout "
+        "(once per prepared run; an eager call derives it per call).";
+    const auto to_kernel_layout = [](const char* c, const py::object& value) {
+      Mxfp4KernelLayout l;
+      if (value.is_none()) return l;
+      MOECORE_CHECK(py::isinstance<py::sequence>(value) && !py::isinstance<py::str>(value) &&
+                        py::len(value) == 4,
+                    c, ": kernel_layout must be None or a 4-tuple (w13_weight, w13_weight_scale, "
+                    "w2_weight, w2_weight_scale)");
+      const py::sequence t = value.cast<py::sequence>();
+      l.w13_weight = to_required_tensor(t[0], "kernel_layout[0] (w13_weight)");
+      l.w13_weight_scale = to_required_tensor(t[1], "kernel_layout[1] (w13_weight_scale)");
+      l.w2_weight = to_required_tensor(t[2], "kernel_layout[2] (w2_weight)");
+      l.w2_weight_scale = to_required_tensor(t[3], "kernel_layout[3] (w2_weight_scale)");
+      check_field_dtype(c, "kernel_layout[0] (w13_weight)", l.w13_weight, {DType::kU8, DType::kFp4E2M1x2});
+      check_field_dtype(c, "kernel_layout[1] (w13_weight_scale)", l.w13_weight_scale, {DType::kU8, DType::kE8M0});
+      check_field_dtype(c, "kernel_layout[2] (w2_weight)", l.w2_weight, {DType::kU8, DType::kFp4E2M1x2});
+      check_field_dtype(c, "kernel_layout[3] (w2_weight_scale)", l.w2_weight_scale, {DType::kU8, DType::kE8M0});
+      return l;
+    };
     py::class_<Q, MoeQuantInfo, std::shared_ptr<Q>> cls(
         m, "FlashInferMxfp4CutlassMoeQuantInfo",
         "Payload of the flashinfer_mxfp4 runner (sglang moe_runner/flashinfer_mxfp4.py).");
-    cls.def(py::init([](py::object w13, py::object w2, py::object w13_scale, py::object w2_scale,
-                        py::object w13_bias, py::object w2_bias, py::object alpha,
-                        py::object beta, py::object limit, int64_t tp_size, int64_t tp_rank,
-                        int64_t ep_size, int64_t ep_rank, std::optional<int64_t> padded_hidden) {
+    cls.def(py::init([to_kernel_layout](py::object w13, py::object w2, py::object w13_scale,
+                                        py::object w2_scale, py::object w13_bias, py::object w2_bias,
+                                        py::object alpha, py::object beta, py::object limit,
+                                        int64_t tp_size, int64_t tp_rank, int64_t ep_size,
+                                        int64_t ep_rank, std::optional<int64_t> padded_hidden,
+                                        py::object kernel_layout) {
               auto q = std::make_shared<Q>();
               const char* c = "FlashInferMxfp4CutlassMoeQuantInfo";
               q->w13_weight = to_required_tensor(w13, "FlashInferMxfp4CutlassMoeQuantInfo.w13_weight");
@@ -298,13 +355,14 @@ void bind_quant(py::module_& m) {
               q->moe_ep_size = ep_size;
               q->moe_ep_rank = ep_rank;
               q->padded_hidden = padded_hidden;
+              q->kernel_layout = to_kernel_layout(c, kernel_layout);
               return q;
             }),
             py::kw_only(), "w13_weight"_a, "w2_weight"_a, "w13_weight_scale"_a, "w2_weight_scale"_a,
             "w13_bias"_a = py::none(), "w2_bias"_a = py::none(), "swiglu_alpha"_a = py::none(),
             "swiglu_beta"_a = py::none(), "swiglu_limit"_a = py::none(), "moe_tp_size"_a = 1,
             "moe_tp_rank"_a = 0, "moe_ep_size"_a = 1, "moe_ep_rank"_a = 0,
-            "padded_hidden"_a = py::none());
+            "padded_hidden"_a = py::none(), "kernel_layout"_a = py::none());
     tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight),
                       field("w13_weight_scale", &Q::w13_weight_scale),
                       field("w2_weight_scale", &Q::w2_weight_scale), field("w13_bias", &Q::w13_bias),
@@ -315,6 +373,15 @@ void bind_quant(py::module_& m) {
         .def_readonly("moe_ep_size", &Q::moe_ep_size)
         .def_readonly("moe_ep_rank", &Q::moe_ep_rank)
         .def_readonly("padded_hidden", &Q::padded_hidden)
+        .def_property_readonly(
+            "kernel_layout",
+            [](const Q& q) -> py::object {
+              const Mxfp4KernelLayout& l = q.kernel_layout;
+              if (!l.w13_weight.defined()) return py::none();
+              return py::make_tuple(to_numpy(l.w13_weight), to_numpy(l.w13_weight_scale),
+                                    to_numpy(l.w2_weight), to_numpy(l.w2_weight_scale));
+            },
+            kKernelLayoutDoc)
         .def("__repr__", [](const Q& q) {
           return quant_repr("FlashInferMxfp4CutlassMoeQuantInfo",
                             {{"w13_weight", &q.w13_weight}, {"w2_weight", &q.w2_weight},
@@ -330,7 +397,7 @@ void bind_quant(py::module_& m) {
     cls.def(py::init([](std::string quant_type, py::object w13, py::object w2,
                         std::optional<std::vector<py::object>> quant_scales, py::object output_dtype,
                         int64_t tp_size, int64_t tp_rank, int64_t ep_size, int64_t ep_rank,
-                        bool apply_rsf) {
+                        bool apply_rsf, py::object linear_scales) {
               const char* c = "FlashInferCutlassMoeQuantInfo";
               MOECORE_CHECK(quant_type == "bf16" || quant_type == "fp8" || quant_type == "fp4", c,
                             ": quant_type must be 'bf16', 'fp8' or 'fp4', got '", quant_type, "'");
@@ -353,12 +420,15 @@ void bind_quant(py::module_& m) {
               q->moe_ep_size = ep_size;
               q->moe_ep_rank = ep_rank;
               q->apply_routed_scaling_factor = apply_rsf;
+              q->linear_scales = to_linear_scales(c, linear_scales);
+              MOECORE_CHECK(!q->linear_scales.w13.defined() || quant_type == "fp4", c,
+                            ": linear_scales apply to quant_type 'fp4' only");
               return q;
             }),
             py::kw_only(), "quant_type"_a, "w13_weight"_a, "w2_weight"_a,
             "quant_scales"_a = py::none(), "output_dtype"_a = py::none(), "moe_tp_size"_a = 1,
             "moe_tp_rank"_a = 0, "moe_ep_size"_a = 1, "moe_ep_rank"_a = 0,
-            "apply_routed_scaling_factor"_a = true);
+            "apply_routed_scaling_factor"_a = true, "linear_scales"_a = py::none());
     tensor_properties(cls, field("w13_weight", &Q::w13_weight), field("w2_weight", &Q::w2_weight));
     cls.def_readonly("quant_type", &Q::quant_type)
         .def_property_readonly("quant_scales", [](const Q& q) {
@@ -375,6 +445,9 @@ void bind_quant(py::module_& m) {
         .def_readonly("moe_ep_size", &Q::moe_ep_size)
         .def_readonly("moe_ep_rank", &Q::moe_ep_rank)
         .def_readonly("apply_routed_scaling_factor", &Q::apply_routed_scaling_factor)
+        .def_property_readonly(
+            "linear_scales", [](const Q& q) { return from_linear_scales(q.linear_scales); },
+            kLinearScalesDoc)
         .def("__repr__", [](const Q& q) {
           return "FlashInferCutlassMoeQuantInfo(quant_type='" + q.quant_type + "', " +
                  field_repr("w13_weight", q.w13_weight) + ", " + field_repr("w2_weight", q.w2_weight) +

@@ -18,6 +18,7 @@
 namespace moecore {
 namespace {
 
+using flashinfer_detail::linear_from_swizzled;
 using flashinfer_detail::python_shape;
 
 constexpr const char* kName = "ModelOptNvFp4FusedMoEMethod";
@@ -335,6 +336,17 @@ void ModelOptNvFp4FusedMoEMethod::process_weights_after_loading(FusedMoE& layer)
   layer.register_parameter("w13_blockscale_swizzled", sw13);
   Tensor sw2 = swizzle_nvfp4_scales(layer.parameter("w2_weight_scale").view());
   layer.register_parameter("w2_blockscale_swizzled", sw2);
+  // What the kernels read, derived and validated once here instead of on every call (the MMA
+  // view of v2 is a view of sw13 / sw2, so one derivation serves every path).
+  {
+    const Tensor& w13 = layer.parameter("w13_weight");
+    const Tensor& w2 = layer.parameter("w2_weight");
+    const int64_t h = w2.size(1), inter = w2.size(2) * 2;
+    linear_scales_.w13 = linear_from_swizzled(kName, "w13 block scales", sw13, w13.size(0),
+                                              w13.size(1), h / kGroupSize);
+    linear_scales_.w2 = linear_from_swizzled(kName, "w2 block scales", sw2, w2.size(0), h,
+                                             inter / kGroupSize);
+  }
 
   if (cutedsl_v2_) {
     layer.register_parameter("w13_blockscale_mma",
@@ -379,6 +391,7 @@ QuantInfoPtr ModelOptNvFp4FusedMoEMethod::quant_info(const FusedMoE& layer) cons
     info->a1_scale = cutedsl_scales_.used_input_scale;
     info->a2_scale = cutedsl_scales_.fc2_input_scale;
     info->local_expert_offset = ids_local ? 0 : o.ep_rank * layer.num_local_experts();
+    info->linear_scales = linear_scales_;
     return info;
   }
   if (cutedsl_v1_) {  // [Gate, Up] as loaded, swizzled scales, per-expert alphas and scales
@@ -392,6 +405,7 @@ QuantInfoPtr ModelOptNvFp4FusedMoEMethod::quant_info(const FusedMoE& layer) cons
     info->a1_scale = layer.parameter("w13_input_scale_quant");
     info->a2_scale = layer.parameter("w2_input_scale_quant");
     info->use_nvfp4_dispatch = nvfp4_dispatch_;
+    info->linear_scales = linear_scales_;
     return info;
   }
   auto info = std::make_shared<FlashInferCutlassMoeQuantInfo>();
@@ -410,6 +424,7 @@ QuantInfoPtr ModelOptNvFp4FusedMoEMethod::quant_info(const FusedMoE& layer) cons
   info->moe_ep_size = ids_local ? 1 : o.ep_size;
   info->moe_ep_rank = ids_local ? 0 : o.ep_rank;
   info->apply_routed_scaling_factor = false;
+  info->linear_scales = linear_scales_;
   return info;
 }
 

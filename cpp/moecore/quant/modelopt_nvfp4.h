@@ -86,6 +86,7 @@ class ModelOptNvFp4FusedMoEMethod : public FusedMoEMethod {
   bool up_first_ = false;
   bool created_ = false;
   bool processed_ = false;
+  Nvfp4LinearScales linear_scales_;  // derived from the swizzled scales once, at load
   CuteDslStandardScales cutedsl_scales_;
 };
 

@@ -1,6 +1,7 @@
 // Mxfp4MoEMethod (GPT-OSS) and Mxfp4FlashinferCutlassMoEMethod (DSv4): weights, the GPT-OSS
 // checkpoint loader, the SM90 cutlass layout (formats/layout.h transforms only) and the
-// flashinfer_mxfp4 payload. Everything is validated before a parameter is written or replaced.
+// flashinfer_mxfp4 payload with its kernel layout. Everything is validated before a parameter is
+// written or replaced.
 #include "moecore/quant/mxfp4.h"
 
 #include <algorithm>
@@ -58,6 +59,20 @@ void fill_topology(const FusedMoE& layer, FlashInferMxfp4CutlassMoeQuantInfo& q)
   q.moe_tp_rank = layer.options().tp_rank;
   q.moe_ep_size = layer.options().ep_size;
   q.moe_ep_rank = layer.options().ep_rank;
+}
+
+/// A 1-byte tensor as contiguous u8 (the kernel layout's storage type).
+Tensor contiguous_u8(const Tensor& t) {
+  const Tensor c = t.view().is_contiguous() ? t : Tensor::copy_of(t.view());
+  return retag(c, DType::kU8);
+}
+
+/// The kernel layout of processed weights: `plain_*` are the contract tensors' bytes before the
+/// SM90 interleave (weights) and fold (scales).
+Mxfp4KernelLayout make_kernel_layout(const Tensor& plain_w13, const Tensor& plain_w13_scale,
+                                     const Tensor& plain_w2, const Tensor& plain_w2_scale) {
+  return {contiguous_u8(plain_w13), contiguous_u8(plain_w13_scale), contiguous_u8(plain_w2),
+          contiguous_u8(plain_w2_scale)};
 }
 
 /// The SM90 byte interleave and scale fold of FlashInfer (formats/layout.h).
@@ -228,12 +243,16 @@ void Mxfp4MoEMethod::process_weights_after_loading(FusedMoE& layer) {
     Tensor rows = pad_dim(t.view(), 1, kp);
     return last_padded > 0 ? pad_dim(rows.view(), 2, last_padded) : rows;
   };
-  Tensor new_w13 = sm90_weights(up_gate(w13, kp / 2));
-  Tensor new_w13_s = sm90_scales(up_gate(w13_s, kp / kMxBlock));
+  const Tensor plain_w13 = up_gate(w13, kp / 2), plain_w13_s = up_gate(w13_s, kp / kMxBlock);
+  const Tensor plain_w2 = pad_w2(w2, np / 2), plain_w2_s = pad_w2(w2_s, np / kMxBlock);
+  Tensor new_w13 = sm90_weights(plain_w13);
+  Tensor new_w13_s = sm90_scales(plain_w13_s);
   Tensor new_b13 = up_gate(b13, 0);
-  Tensor new_w2 = sm90_weights(pad_w2(w2, np / 2));
-  Tensor new_w2_s = sm90_scales(pad_w2(w2_s, np / kMxBlock));
+  Tensor new_w2 = sm90_weights(plain_w2);
+  Tensor new_w2_s = sm90_scales(plain_w2_s);
   Tensor new_b2 = pad_w2(b2, 0);
+  // The kernel layout: the same bytes before the interleave and fold (DESIGN.md §4, Weights).
+  Mxfp4KernelLayout layout = make_kernel_layout(plain_w13, plain_w13_s, plain_w2, plain_w2_s);
 
   const ParamSpec processed{ShardLayout::kPerExpert};
   layer.register_parameter("w13_weight", new_w13, processed);
@@ -245,6 +264,7 @@ void Mxfp4MoEMethod::process_weights_after_loading(FusedMoE& layer) {
   layer.register_parameter("swiglu_alpha", filled(experts, kGptOssAlpha), processed);
   layer.register_parameter("swiglu_beta", filled(experts, kGptOssBeta), processed);
   layer.register_parameter("swiglu_limit", filled(experts, kGptOssLimit), processed);
+  kernel_layout_ = std::move(layout);
 }
 
 void Mxfp4MoEMethod::create_moe_runner(FusedMoE& layer, const MoeRunnerConfig& config) {
@@ -267,6 +287,7 @@ QuantInfoPtr Mxfp4MoEMethod::quant_info(const FusedMoE& layer) const {
   q->swiglu_limit = layer.parameter("swiglu_limit");
   fill_topology(layer, *q);
   q->padded_hidden = padded_hidden_;
+  q->kernel_layout = kernel_layout_;
   return q;
 }
 
@@ -324,11 +345,16 @@ void Mxfp4FlashinferCutlassMoEMethod::process_weights_after_loading(FusedMoE& la
   // cutlass_fused_moe wants fc1 as [w3; w1] = [up; gate]; the loader wrote [w1; w3].
   const Tensor w31 = swap_w13_halves(retag(w13, DType::kU8).view(), 1);
   const Tensor e31 = swap_w13_halves(e13.view(), 1);
+  Tensor new_w13 = sm90_weights(w31), new_w2 = sm90_weights(w2);
+  Tensor new_e13 = sm90_scales(e31), new_e2 = sm90_scales(e2);
+  // The kernel layout: the same bytes before the interleave and fold (DESIGN.md §4, Weights).
+  Mxfp4KernelLayout layout = make_kernel_layout(w31, e31, w2, e2);
   const ParamSpec processed{ShardLayout::kPerExpert};
-  layer.register_parameter("w13_weight", sm90_weights(w31), processed);
-  layer.register_parameter("w2_weight", sm90_weights(w2), processed);
-  layer.register_parameter("w13_weight_scale_inv", sm90_scales(e31), processed);
-  layer.register_parameter("w2_weight_scale_inv", sm90_scales(e2), processed);
+  layer.register_parameter("w13_weight", new_w13, processed);
+  layer.register_parameter("w2_weight", new_w2, processed);
+  layer.register_parameter("w13_weight_scale_inv", new_e13, processed);
+  layer.register_parameter("w2_weight_scale_inv", new_e2, processed);
+  kernel_layout_ = std::move(layout);
 }
 
 void Mxfp4FlashinferCutlassMoEMethod::create_moe_runner(FusedMoE& layer,
@@ -360,6 +386,7 @@ QuantInfoPtr Mxfp4FlashinferCutlassMoEMethod::quant_info(const FusedMoE& layer) 
   q->swiglu_limit = swiglu_limit_;
   fill_topology(layer, *q);
   q->padded_hidden = std::nullopt;  // DSv4's hidden size is already a multiple of 128
+  q->kernel_layout = kernel_layout_;
   return q;
 }
 

@@ -3,12 +3,16 @@
 // quantization/mxfp4_flashinfer_cutlass_moe.py). Both hand FlashInferMxfp4CutlassMoeQuantInfo to
 // the flashinfer_mxfp4 runner (rule R7). Layout changes happen once, in
 // process_weights_after_loading; a second call is an error, never a silent double transform.
+// There, beside the SM90 contract layout, each method keeps the kernel layout of the same bytes
+// (Mxfp4KernelLayout, copied into every quant info); weights must not be rewritten after
+// processing (only their scales' 0xFF check stays live in the runner).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "moecore/quant/method.h"
+#include "moecore/quant/quant_info.h"
 
 namespace moecore {
 
@@ -25,7 +29,8 @@ namespace moecore {
 ///   (interleave_moe_scales_for_sm90_mixed_gemm, group 32) → w13_weight_scale
 ///   [E, 2Np/64, Kp/128, 16, 16], w2_weight_scale [E, Kp/64, Np/128, 16, 16]; adds
 ///   swiglu_alpha/beta/limit f32 [E]. The layer must run runner backend auto or flashinfer_mxfp4.
-/// apply: FlashInferMxfp4CutlassMoeQuantInfo(padded_hidden = Kp) → runner.run.
+///   The kernel layout is the padded [up; gate] bytes and linear scales before the interleave.
+/// apply: FlashInferMxfp4CutlassMoeQuantInfo(padded_hidden = Kp, kernel_layout) → runner.run.
 class Mxfp4MoEMethod : public FusedMoEMethod {
  public:
   const char* name() const override { return "Mxfp4MoEMethod"; }
@@ -59,6 +64,7 @@ class Mxfp4MoEMethod : public FusedMoEMethod {
 
  private:
   int64_t hidden_ = 0, inter_ = 0, inter_after_pad_ = 0, padded_inter_ = 0, padded_hidden_ = 0;
+  Mxfp4KernelLayout kernel_layout_;  // made once, at load
 };
 
 /// DeepSeek-V4 MXFP4 experts on the SM90 cutlass path (no bias). create_weights requires H and I
@@ -68,8 +74,9 @@ class Mxfp4MoEMethod : public FusedMoEMethod {
 /// (scales: f32 powers of two; loaded per expert through FusedMoE.weight_loader, shards w1/w3/w2).
 /// process_weights_after_loading: [w1; w3] → [w3; w1] (= [up; gate]) for weights and scales, f32
 /// scales → E8M0 bytes (the fp32 exponent; anything not a power of two in E8M0's range is a
-/// ValueError), SM90 interleave and fold as above. create_moe_runner: swiglu tensors alpha = 1,
-/// beta = 0, limit = config.swiglu_limit when set, else none. apply: padded_hidden = None; a
+/// ValueError), SM90 interleave and fold as above (kernel layout: [w3; w1] bytes and E8M0 scales
+/// before the interleave). create_moe_runner: swiglu tensors alpha = 1, beta = 0, limit =
+/// config.swiglu_limit when set, else none. apply: padded_hidden = None; a
 /// non-standard top-k output is rejected ("Unsupported topk output format: …").
 class Mxfp4FlashinferCutlassMoEMethod : public FusedMoEMethod {
  public:
@@ -85,6 +92,7 @@ class Mxfp4FlashinferCutlassMoEMethod : public FusedMoEMethod {
 
  private:
   Tensor swiglu_alpha_, swiglu_beta_, swiglu_limit_;
+  Mxfp4KernelLayout kernel_layout_;  // made once, at load
 };
 
 }  // namespace moecore

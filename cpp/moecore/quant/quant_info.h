@@ -65,6 +65,15 @@ struct DeepGemmMoeQuantInfo : MoeQuantInfo {
   const char* name() const override { return "DeepGemmMoeQuantInfo"; }
 };
 
+/// An NVFP4 MLP's weight block scales in the layout the kernels read: linear kF8E4M3
+/// [E, rows, K/16] (w13: rows of w13_weight; w2: H), validated. The quant method derives them
+/// once, when it processes the weights, beside the swizzled or MMA-view contract layout that
+/// tests inspect. Undefined in a quant info built by hand: the runner then derives them from
+/// the contract layout on every call.
+struct Nvfp4LinearScales {
+  Tensor w13, w2;
+};
+
 /// CuteDslFp4MoeQuantInfo (sglang moe_runner/flashinfer_cutedsl.py). v2 (a2a none/flashinfer):
 /// w13 is [Up, Gate] 64-row interleaved, block scales in the MMA view, scalar input scales. v1
 /// (a2a deepep): w13 [Gate, Up], 128×4-swizzled block scales, per-expert scales.
@@ -81,21 +90,38 @@ struct CuteDslFp4MoeQuantInfo : MoeQuantInfo {
   /// v2: the first global expert id this rank holds (CuteDslMoEWrapper's local_expert_offset,
   /// ep_rank · E_local); ids are global and the rank's experts are [offset, offset + E).
   int64_t local_expert_offset = 0;
+  /// moecore: the block scales in the kernels' linear layout (see Nvfp4LinearScales).
+  Nvfp4LinearScales linear_scales;
   const char* name() const override { return "CuteDslFp4MoeQuantInfo"; }
+};
+
+/// An MXFP4 MLP's weights in the layout the kernels read (what WeightOperand with
+/// WeightCoding::kMxfp4 reads; DESIGN.md §4, Weights): the contract tensors with the SM90 byte
+/// interleave and scale fold undone, an exact byte permutation. u8 packed e2m1 [E, rows, K/2]
+/// and u8 E8M0 linear scales [E, rows, K/32]: w13 [E, 2N, K/2] and [E, 2N, K/32], w2 [E, K, N/2]
+/// and [E, K, N/32]. The quant method makes it once, when it processes the weights, beside the
+/// SM90 contract layout that tests inspect. Undefined in a quant info built by hand: the runner
+/// then derives it from the contract layout (once per prepared run; an eager call derives it
+/// per call).
+struct Mxfp4KernelLayout {
+  Tensor w13_weight, w13_weight_scale, w2_weight, w2_weight_scale;
 };
 
 /// FlashInferMxfp4CutlassMoeQuantInfo (sglang moe_runner/flashinfer_mxfp4.py): GPT-OSS / DSv4
 /// MXFP4 W4A16 with the halved [up; gate] w13 layout, padded to multiples of 128.
 struct FlashInferMxfp4CutlassMoeQuantInfo : MoeQuantInfo {
-  Tensor w13_weight;        // u8 [E, 2N, K/2]
-  Tensor w2_weight;         // u8 [E, K, N/2]
-  Tensor w13_weight_scale;  // e8m0 (u8) [E, 2N, K/32]
-  Tensor w2_weight_scale;   // e8m0 (u8) [E, K, N/32]
+  Tensor w13_weight;        // u8 [E, 2N, K/2], SM90-interleaved bytes
+  Tensor w2_weight;         // u8 [E, K, N/2], SM90-interleaved bytes
+  Tensor w13_weight_scale;  // e8m0 (u8) SM90-folded [E, 2N/64, K/128, 16, 16]
+  Tensor w2_weight_scale;   // e8m0 (u8) SM90-folded [E, K/64, N/128, 16, 16]
   Tensor w13_bias;          // bf16 [E, 2N] or None
   Tensor w2_bias;           // bf16 [E, K] or None
   Tensor swiglu_alpha, swiglu_beta, swiglu_limit;  // f32 [E] each, all three or none
   int64_t moe_tp_size = 1, moe_tp_rank = 0, moe_ep_size = 1, moe_ep_rank = 0;
   std::optional<int64_t> padded_hidden;  // pad x to this many columns, trim the output back
+
+  /// moecore: the four weight tensors above in the kernels' layout (see Mxfp4KernelLayout).
+  Mxfp4KernelLayout kernel_layout;
   const char* name() const override { return "FlashInferMxfp4CutlassMoeQuantInfo"; }
 };
 
@@ -111,6 +137,9 @@ struct FlashInferCutlassMoeQuantInfo : MoeQuantInfo {
   std::optional<DType> output_dtype;
   int64_t moe_tp_size = 1, moe_tp_rank = 0, moe_ep_size = 1, moe_ep_rank = 0;
   bool apply_routed_scaling_factor = true;
+  /// moecore, quant_type "fp4": the block scales in the kernels' linear layout (see
+  /// Nvfp4LinearScales).
+  Nvfp4LinearScales linear_scales;
   const char* name() const override { return "FlashInferCutlassMoeQuantInfo"; }
 };
 

@@ -258,8 +258,10 @@ class _Nvfp4:
         scales = [np.array([a1_gs], F32), mf.swizzle_nvfp4_scales(self.s13),
                   (1.0 / (np.float64(a1_gs) * self.gs13)).astype(F32), np.array([a2_gs], F32),
                   mf.swizzle_nvfp4_scales(self.s2), (1.0 / (np.float64(a2_gs) * self.gs2)).astype(F32)]
+        # linear_scales: the block scales as the kernels read them, as a quant method keeps them.
         q = moecore.FlashInferCutlassMoeQuantInfo(quant_type="fp4", w13_weight=self.w13,
-                                                  w2_weight=self.w2, quant_scales=scales)
+                                                  w2_weight=self.w2, quant_scales=scales,
+                                                  linear_scales=(self.s13, self.s2))
         return q, [self.w13, self.w2, *scales]
 
 
@@ -310,7 +312,9 @@ class _Mxfp4:
         self.gu_blocks = self.gu_scales = self.dn_blocks = self.dn_scales = None
         layer.process_weights_after_loading()
         p = method.quant_info(layer)
+        # kernel_layout: the weights as the kernels read them, as the quant method keeps them.
         q = moecore.FlashInferMxfp4CutlassMoeQuantInfo(
             w13_weight=p.w13_weight, w2_weight=p.w2_weight, w13_weight_scale=p.w13_weight_scale,
-            w2_weight_scale=p.w2_weight_scale, padded_hidden=p.padded_hidden)
+            w2_weight_scale=p.w2_weight_scale, padded_hidden=p.padded_hidden,
+            kernel_layout=p.kernel_layout)
         return q, [p.w13_weight, p.w2_weight, p.w13_weight_scale, p.w2_weight_scale]

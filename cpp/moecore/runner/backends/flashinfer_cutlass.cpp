@@ -232,10 +232,17 @@ void resolve_quant_type(const FlashInferCutlassMoeQuantInfo& q, const Activation
     const float a2 = scalar_of(kApi, "quant_scales[3] (a2_gscale)", q.quant_scales[3]);
     check_global_scale(kApi, "quant_scales[3] (a2_gscale)", a2);
     check_per_expert(kApi, "quant_scales[5] (g2_alphas)", q.quant_scales[5], e);
-    Tensor sf13 = linear_from_swizzled(kApi, "quant_scales[1] (w13 block scales)",
-                                       q.quant_scales[1], e, n1, h / kNvfp4BlockSize);
-    Tensor sf2 = linear_from_swizzled(kApi, "quant_scales[4] (w2 block scales)", q.quant_scales[4],
-                                      e, h, inter / kNvfp4BlockSize);
+    const Nvfp4LinearScales& linear = q.linear_scales;
+    Tensor sf13 = linear.w13.defined()
+                      ? checked_linear_scales(kApi, "linear_scales.w13", linear.w13, e, n1,
+                                              h / kNvfp4BlockSize)
+                      : linear_from_swizzled(kApi, "quant_scales[1] (w13 block scales)",
+                                             q.quant_scales[1], e, n1, h / kNvfp4BlockSize);
+    Tensor sf2 = linear.w2.defined()
+                     ? checked_linear_scales(kApi, "linear_scales.w2", linear.w2, e, h,
+                                             inter / kNvfp4BlockSize)
+                     : linear_from_swizzled(kApi, "quant_scales[4] (w2 block scales)",
+                                            q.quant_scales[4], e, h, inter / kNvfp4BlockSize);
     mlp.act_dtype = output_dtype_or(q, DType::kBF16);
     if (d.hidden_states_scale.defined()) {
       // Pre-quantized NVFP4 input (FP4 all-gather / NVFP4 dispatch): swizzled scales.

@@ -334,6 +334,17 @@ TensorView swizzled_scale_bytes(const char* api, const char* what, const Tensor&
   return v;
 }
 
+const Tensor& checked_linear_scales(const char* api, const char* what, const Tensor& linear,
+                                    int64_t e, int64_t rows, int64_t kb) {
+  MOECORE_CHECK_DTYPE(linear.dtype() == DType::kF8E4M3, api, ": expected ", what,
+                      " float8_e4m3fn, got ", linear.describe());
+  MOECORE_CHECK(linear.view().shape_vector() == std::vector<int64_t>({e, rows, kb}) &&
+                    linear.view().is_contiguous(),
+                api, ": expected ", what, " contiguous [", e, ", ", rows, ", ", kb, "], got ",
+                linear.describe());
+  return linear;
+}
+
 Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swizzled, int64_t e,
                             int64_t rows, int64_t kb) {
   const TensorView v = swizzled_scale_bytes(api, what, swizzled, e, rows, kb);

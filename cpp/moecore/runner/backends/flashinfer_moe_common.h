@@ -149,6 +149,10 @@ void check_block_scale_bytes(const char* api, const char* what, const TensorView
 /// last dim /4, as sglang's .view(torch.int32)) → their byte view (dtype and shape checked).
 TensorView swizzled_scale_bytes(const char* api, const char* what, const Tensor& swizzled,
                                 int64_t e, int64_t rows, int64_t kb);
+/// A quant info's Nvfp4LinearScales entry (derived and validated at load) with its shape
+/// checked: contiguous kF8E4M3 [E, rows, kb].
+const Tensor& checked_linear_scales(const char* api, const char* what, const Tensor& linear,
+                                    int64_t e, int64_t rows, int64_t kb);
 /// swizzled_scale_bytes, then → validated linear kF8E4M3 [E, rows, kb] (a new tensor).
 Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swizzled, int64_t e,
                             int64_t rows, int64_t kb);

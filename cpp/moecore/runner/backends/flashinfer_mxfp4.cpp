@@ -2,13 +2,20 @@
 // cutlass_fused_moe(use_w4_group_scaling=True), W4A16 MXFP4, for GPT-OSS and DSv4 experts.
 // Registers: fused func (none, flashinfer_mxfp4) and its prepared run (standard,
 // flashinfer_mxfp4) — fused-only, no runner core, no permutes. The fused func is that prepared
-// run built and run once, so both give the same bits by construction; only a prepared run
-// deinterleaves the weights once up front (a copy of the packed bytes) instead of per tile.
+// run built and run once, so both give the same bits by construction. The GEMMs stream the
+// weights' kernel layout (Mxfp4KernelLayout: deinterleaved packed bytes, linear E8M0 scales)
+// through the shared scaled-GEMM table as WeightCoding::kMxfp4, decoded in registers; the layout
+// is the quant info's kernel_layout (made by the quant method; shapes checked) when defined,
+// else derived from the contract layout (once per prepared run; an eager call derives it per
+// call). The contract scales stay the ones a call validates (0xFF), tile by tile, so a scale
+// overwritten after processing still raises.
 // Payload: FlashInferMxfp4CutlassMoeQuantInfo (anything else is a TypeError).
 //
 // Numeric contract (per (token, slot) routed to a local expert e; N = fc1 half width, K = hidden):
-//   weights: W = e2m1 · 2^(s − 127) per 32-block, decoded exactly (exact in bf16 and fp32) from
-//     the SM90-interleaved bytes and folded E8M0 scales; activations stay bf16 (no quantization).
+//   weights: W = e2m1 · 2^(s − 127) per 32-block, exact in fp32 (the kMxfp4 operand folds the
+//     E8M0 scale into the codes; one K block, weight scale 1); activations stay bf16 (no
+//     quantization) but are given to the kernel row as fp32 codes without bf16_exact, so every
+//     level runs the canonical fp32 order (the avx512_bf16 and amx rows defer to avx512's).
 //   GEMM1: h1 = bf16(fp32 Σ_k x[k]·W13[n, k] + b13[n]) — fp32 accumulation in moecore's canonical
 //     order (kernels/gemm.h), bias (bf16 → fp32) added in fp32, ONE rounding to bf16 (the stored
 //     fc1 output). Rows [0, N) of fc1 are `up`, rows [N, 2N) are `gate` (halved [up; gate]).
@@ -40,7 +47,6 @@
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
 #include "moecore/formats/e8m0.h"
-#include "moecore/formats/fp4.h"
 #include "moecore/formats/layout.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
@@ -52,7 +58,7 @@ namespace {
 
 constexpr const char* kApi = "cutlass_fused_moe_mxfp4(flashinfer_mxfp4)";
 constexpr int64_t kMxBlock = 32;     // MXFP4 group size along K
-constexpr int64_t kTile = 64;        // weight rows decoded per work item (a folded scale row tile)
+constexpr int64_t kTile = 64;        // weight rows per work item (one folded scale row tile)
 constexpr int64_t kSm90Align = 128;  // N and K of the SM90 layout
 
 bool is_packed_fp4(DType d) { return d == DType::kU8 || d == DType::kFp4E2M1x2; }
@@ -89,15 +95,31 @@ void check_vector(const Tensor& t, const char* name, DType dtype,
                 ": expected contiguous ", name, " ", shape_string(shape), ", got ", t.describe());
 }
 
-/// One SM90 MXFP4 weight of the MLP: packed e2m1 [E, R, C/2] in the SM90-interleaved order with
-/// folded E8M0 scales [E, R/64, C/128, 16, 16]. `plain`, when set, holds the same bytes
-/// deinterleaved ([E, R, C/2] row-major, owned by a prepared run); when null, each tile is
-/// deinterleaved as it is decoded.
+/// One MXFP4 weight of the MLP, [E, R, C] logical. The contract: packed e2m1 [E, R, C/2] in the
+/// SM90-interleaved order with folded E8M0 scales [E, R/64, C/128, 16, 16] (validated by every
+/// call). `kernel`: the kMxfp4 operand over the kernel layout of the same weights (deinterleaved
+/// bytes [E, R, C/2], linear scales [E, R, C/32]); its data is null until attach_kernel_layout.
 struct Sm90Weight {
   TensorView packed, folded_scale;
   const char* scale_name = "";
-  const uint8_t* plain = nullptr;
+  WeightOperand kernel;
 };
+
+/// The kMxfp4 operand of a contract weight, without data yet (its shape is all that
+/// gemm_scratch_bytes reads).
+WeightOperand kernel_operand_shape(const TensorView& packed) {
+  WeightOperand w;
+  w.coding = WeightCoding::kMxfp4;
+  w.num_experts = packed.shape[0];
+  w.n = packed.shape[1];
+  w.k = packed.shape[2] * 2;
+  return w;  // block_n = block_k = 0: one K block, the E8M0 scales fold into the codes
+}
+
+Sm90Weight sm90_weight(const TensorView& packed, const TensorView& folded_scale,
+                       const char* scale_name) {
+  return {packed, folded_scale, scale_name, kernel_operand_shape(packed)};
+}
 
 /// The validated payload of a call: everything that depends on the weights alone, as views of
 /// the caller's tensors (which must outlive it), and the kernel row.
@@ -161,8 +183,8 @@ Mxfp4Moe check_moe(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
       ")");
   m.first_expert = a.ep_rank * m.experts;
   m.global_experts = m.experts * a.ep_size;
-  m.w13 = {a.w13.view(), a.w13_scale.view(), "w13_weight_scale"};
-  m.w2 = {a.w2.view(), a.w2_scale.view(), "w2_weight_scale"};
+  m.w13 = sm90_weight(a.w13.view(), a.w13_scale.view(), "w13_weight_scale");
+  m.w2 = sm90_weight(a.w2.view(), a.w2_scale.view(), "w2_weight_scale");
   m.w13_bias = view_or_none(a.w13_bias);
   m.w2_bias = view_or_none(a.w2_bias);
   m.swiglu_alpha = view_or_none(a.swiglu_alpha);
@@ -211,20 +233,71 @@ void check_ids(const Mxfp4Moe& m, const Mxfp4Tokens& in) {
     }
 }
 
-/// A decoded tile as the kernel row's weight operand: dense f32 [1, kTile, k] (one "expert").
-WeightOperand tile_operand(float* tile, int64_t k) {
-  WeightOperand w;
-  w.data.data = tile;
-  w.data.dtype = DType::kF32;
-  w.data.ndim = 3;
-  w.data.shape[0] = 1;
-  w.data.shape[1] = kTile;
-  w.data.shape[2] = k;
-  fill_contiguous_strides(w.data);
-  w.num_experts = 1;
-  w.n = kTile;
-  w.k = k;
-  return w;
+/// One tensor of a quant info's kernel_layout, checked against the contract's shapes.
+void check_kernel_tensor(const Tensor& t, const char* name, bool scale,
+                         const std::vector<int64_t>& shape) {
+  MOECORE_CHECK(t.defined(), kApi, ": ", name,
+                " is required (kernel_layout is all four tensors or none)");
+  MOECORE_CHECK_DTYPE(scale ? is_e8m0_bytes(t.dtype()) : is_packed_fp4(t.dtype()), kApi,
+                      ": expected ", name, scale ? " E8M0 bytes (uint8)" : " packed e2m1 (uint8)",
+                      ", got ", t.describe());
+  MOECORE_CHECK(t.view().shape_vector() == shape && t.view().is_contiguous(), kApi, ": expected ",
+                name, " contiguous ", shape_string(shape),
+                scale ? " (the linear E8M0 scales of the contract weights)"
+                      : " (the deinterleaved bytes of the contract weights)",
+                ", got ", t.describe());
+}
+
+bool has_kernel_layout(const Mxfp4KernelLayout& l) {
+  return l.w13_weight.defined() || l.w13_weight_scale.defined() || l.w2_weight.defined() ||
+         l.w2_weight_scale.defined();
+}
+
+/// A quant info's kernel_layout (has_kernel_layout), checked against m's contract shapes.
+void check_kernel_layout(const Mxfp4Moe& m, const Mxfp4KernelLayout& l) {
+  const int64_t e = m.experts, n = m.n, k = m.k;
+  check_kernel_tensor(l.w13_weight, "kernel_layout.w13_weight", false, {e, 2 * n, k / 2});
+  check_kernel_tensor(l.w13_weight_scale, "kernel_layout.w13_weight_scale", true,
+                      {e, 2 * n, k / kMxBlock});
+  check_kernel_tensor(l.w2_weight, "kernel_layout.w2_weight", false, {e, k, n / 2});
+  check_kernel_tensor(l.w2_weight_scale, "kernel_layout.w2_weight_scale", true,
+                      {e, k, n / kMxBlock});
+}
+
+/// The kernel layout of m's weights derived from the contract layout (the SM90 interleave and
+/// fold undone; validated views, so the transforms cannot fail): what a quant info built by hand
+/// runs on.
+Mxfp4KernelLayout derive_kernel_layout(const Mxfp4Moe& m) {
+  auto as_u8 = [](TensorView v) {
+    v.dtype = DType::kU8;
+    return v;
+  };
+  Mxfp4KernelLayout made;
+  made.w13_weight = deinterleave_moe_weights_for_sm90_mixed_gemm(as_u8(m.w13.packed), "fp4");
+  made.w13_weight_scale =
+      deinterleave_moe_scales_for_sm90_mixed_gemm(as_u8(m.w13.folded_scale), kMxBlock);
+  made.w2_weight = deinterleave_moe_weights_for_sm90_mixed_gemm(as_u8(m.w2.packed), "fp4");
+  made.w2_weight_scale =
+      deinterleave_moe_scales_for_sm90_mixed_gemm(as_u8(m.w2.folded_scale), kMxBlock);
+  return made;
+}
+
+/// Points the kernel operands of m at `layout` (which must outlive m's runs).
+void attach_kernel_layout(Mxfp4Moe& m, const Mxfp4KernelLayout& layout) {
+  auto attach = [](Sm90Weight& w, const Tensor& packed, const Tensor& scale) {
+    const int64_t e = w.kernel.num_experts, r = w.kernel.n, c = w.kernel.k;
+    MOECORE_INTERNAL_CHECK(
+        packed.view().shape_vector() == (std::vector<int64_t>{e, r, c / 2}) &&
+            scale.view().shape_vector() == (std::vector<int64_t>{e, r, c / kMxBlock}) &&
+            packed.view().is_contiguous() && scale.view().is_contiguous(),
+        "mxfp4 kernel layout ", packed.describe(), " and ", scale.describe(), " for [", e, ", ", r,
+        ", ", c, "] weights");
+    w.kernel.data = packed.view();
+    w.kernel.scale = scale.view();
+    w.kernel.data.dtype = w.kernel.scale.dtype = DType::kU8;  // kFp4E2M1x2 / kE8M0 tags too
+  };
+  attach(m.w13, layout.w13_weight, layout.w13_weight_scale);
+  attach(m.w2, layout.w2_weight, layout.w2_weight_scale);
 }
 
 /// Every buffer run_moe writes, for calls of up to max_slots (token, slot) pairs: reserve
@@ -232,8 +305,7 @@ WeightOperand tile_operand(float* tile, int64_t k) {
 /// (one per pool thread at reserve time), so each part's buffers have one user at a time.
 struct Mxfp4Workspace {
   struct Part {
-    std::vector<float> tile;       // one decoded weight tile [kTile, max(K, N)]
-    std::vector<float> tile_bias;  // its bias [kTile]
+    std::vector<float> tile_bias;  // one work item's bias [kTile]
     std::vector<float> acc, b2;    // finalize: one token's fp32 sum and one expert's b2, [K]
     GemmScratch scratch;           // the kernel row's working memory
   };
@@ -254,11 +326,10 @@ struct Mxfp4Workspace {
     h1.resize(size(slots * 2 * m.n));
     h2.resize(size(slots * m.n));
     y.resize(size(slots * m.k));
-    const size_t scratch = std::max(gemm_scratch_bytes(m.gemm, tile_operand(nullptr, m.k)),
-                                    gemm_scratch_bytes(m.gemm, tile_operand(nullptr, m.n)));
+    const size_t scratch =
+        std::max(gemm_scratch_bytes(m.gemm, m.w13.kernel), gemm_scratch_bytes(m.gemm, m.w2.kernel));
     parts.resize(size(ThreadPool::instance().num_threads()));
     for (Part& p : parts) {
-      p.tile.resize(size(kTile * std::max(m.k, m.n)));
       p.tile_bias.resize(size(kTile));
       p.acc.resize(size(m.k));
       p.b2.resize(size(m.k));
@@ -270,44 +341,32 @@ struct Mxfp4Workspace {
 /// The first of the `count` items that part p of `parts` runs (contiguous, near-equal runs).
 int64_t part_begin(int64_t count, int64_t parts, int64_t p) { return count * p / parts; }
 
-/// Decodes rows [r0, r0 + kTile) of expert e of an SM90-interleaved weight into out [kTile, C]
-/// fp32 (exact values). Allocates only when the weight has no deinterleaved copy.
-void decode_tile(const Sm90Weight& w, int64_t e, int64_t r0, float* out) {
+/// Checks the contract scales of rows [r0, r0 + kTile) of expert e (one contiguous folded row
+/// tile of 64 · C/32 bytes) for the E8M0 NaN code; names the first such (row, K block).
+void check_tile_scales(const Sm90Weight& w, int64_t e, int64_t r0) {
   const int64_t rows = w.packed.shape[1], c = w.packed.shape[2] * 2;
-  Tensor deinterleaved;  // this tile alone, when there is no `plain` copy
-  const uint8_t* packed = nullptr;
-  if (w.plain != nullptr) {
-    packed = w.plain + (e * rows + r0) * (c / 2);
-  } else {
-    deinterleaved = deinterleave_moe_weights_for_sm90_mixed_gemm(
-        w.packed.narrow(0, e, 1).narrow(1, r0, kTile), "fp4");
-    packed = deinterleaved.ptr<uint8_t>();
-  }
-  const uint8_t* folded = static_cast<const uint8_t*>(w.folded_scale.data);
   const int64_t kb128 = c / kSm90Align, gpk = kSm90Align / kMxBlock;
-  const int64_t tile_base = (e * (rows / kSm90ScaleRowTile) + r0 / kSm90ScaleRowTile) * kb128;
+  const uint8_t* tile = static_cast<const uint8_t*>(w.folded_scale.data) +
+                        (e * (rows / kSm90ScaleRowTile) + r0 / kSm90ScaleRowTile) * kb128 *
+                            kSm90ScaleFoldedM * kSm90ScaleCols;
+  const size_t bytes = static_cast<size_t>(kb128 * kSm90ScaleFoldedM * kSm90ScaleCols);
+  if (std::memchr(tile, kE8M0NaN, bytes) == nullptr) return;
   for (int64_t i = 0; i < kTile; ++i) {
     const int64_t slice = i / kSm90ScaleFoldedM, f = i % kSm90ScaleFoldedM;
-    const uint8_t* row = packed + i * (c / 2);
-    float* dst = out + i * c;
     for (int64_t b = 0; b < c / kMxBlock; ++b) {
-      const uint8_t code = folded[((tile_base + b / gpk) * kSm90ScaleFoldedM + f) * kSm90ScaleCols +
-                                  slice * gpk + b % gpk];
+      const uint8_t code =
+          tile[((b / gpk) * kSm90ScaleFoldedM + f) * kSm90ScaleCols + slice * gpk + b % gpk];
       MOECORE_CHECK(code != kE8M0NaN, kApi, ": ", w.scale_name,
                     " holds the E8M0 NaN code 0xFF (expert ", e, ", row ", r0 + i, ", K block ", b,
                     ")");
-      const float scale = e8m0_to_f32(code);
-      for (int64_t q = b * kMxBlock / 2; q < (b + 1) * kMxBlock / 2; ++q) {
-        dst[2 * q] = e2m1_to_f32(e2m1x2_lo(row[q])) * scale;
-        dst[2 * q + 1] = e2m1_to_f32(e2m1x2_hi(row[q])) * scale;
-      }
     }
   }
 }
 
 /// One GEMM of the MLP over the experts' gathered rows (ws.offsets): for each (active expert,
-/// 64-row weight tile) decodes the tile and computes out[rows of e, tile] = in[rows of e] · tileᵀ
-/// (fp32, canonical order), then bias (optional, bf16 [E, n_out]) and the bf16 rounding.
+/// 64-row weight tile) checks the tile's contract scales and computes out[rows of e, tile] =
+/// in[rows of e] · tileᵀ with the kernel row on the packed kMxfp4 operand (fp32, canonical
+/// order), then bias (optional, bf16 [E, n_out]) and the bf16 rounding.
 void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm, const float* in,
                  int64_t k_in, float* out, int64_t n_out, Mxfp4Workspace& ws) {
   const int64_t experts = static_cast<int64_t>(ws.offsets.size()) - 1;
@@ -322,18 +381,17 @@ void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm,
   parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
     for (int64_t p = first_part; p < end_part; ++p) {
       Mxfp4Workspace::Part& part = ws.parts[p];
-      const WeightOperand decoded = tile_operand(part.tile.data(), k_in);
       float* b = part.tile_bias.data();
       for (int64_t it = part_begin(count, parts, p); it < part_begin(count, parts, p + 1); ++it) {
         const int64_t e = ws.items[it] / tiles, r0 = (ws.items[it] % tiles) * kTile;
         const int64_t m = offsets[e + 1] - offsets[e];
-        decode_tile(w, e, r0, part.tile.data());
+        check_tile_scales(w, e, r0);
         float* dst = out + offsets[e] * n_out + r0;
-        ActivationCodes rows;
+        ActivationCodes rows;  // fp32 codes, not bf16_exact: the canonical fp32 order
         rows.codes = in + offsets[e] * k_in;
         rows.ld = k_in;
         rows.scratch = &part.scratch;
-        gemm(rows, m, decoded, 0, 0, kTile, dst, n_out);
+        gemm(rows, m, w.kernel, e, r0, kTile, dst, n_out);
         if (has_bias) load_f32(bias.at({e, r0}), DType::kBF16, kTile, b);
         for (int64_t r = 0; r < m; ++r)
           for (int64_t c = 0; c < kTile; ++c) {
@@ -346,8 +404,8 @@ void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm,
 }
 
 /// The MoE of the contract into out (bf16 [T, W], rows contiguous, W ≤ K: the first W columns
-/// of each token's result). Checks the ids first; allocates nothing beyond what decode_tile
-/// does without deinterleaved weights (ws reserved for at least T·k slots).
+/// of each token's result). Checks the ids first; allocates nothing (ws reserved for at least
+/// T·k slots, m's kernel layout attached).
 void run_moe(const Mxfp4Moe& m, const Mxfp4Tokens& in, Mxfp4Workspace& ws, const TensorView& out) {
   check_ids(m, in);
   const int64_t n = m.n, k = m.k, tokens = in.tokens, top_k = in.top_k, slots = tokens * top_k;
@@ -455,21 +513,34 @@ Tensor dequantize_sm90_mxfp4(const TensorView& weight, const TensorView& folded_
   MOECORE_CHECK(folded_scale.shape_vector() == shape && folded_scale.is_contiguous(), api,
                 ": expected contiguous folded scales ", shape_string(shape), ", got ",
                 folded_scale.describe());
-  Tensor out = Tensor::empty({experts, rows, c}, DType::kF32);
-  const Sm90Weight w{weight, folded_scale, "scale"};
+  // The kernel layout and the kernel table's own row decoder (decode_weight_row).
+  Sm90Weight w = sm90_weight(weight, folded_scale, "scale");
   const int64_t tiles = rows / kTile;
-  parallel_for(experts * tiles, [&](int64_t begin, int64_t end) {
-    for (int64_t it = begin; it < end; ++it)
-      decode_tile(w, it / tiles, (it % tiles) * kTile, out.ptr<float>() + it * kTile * c);
+  for (int64_t it = 0; it < experts * tiles; ++it)
+    check_tile_scales(w, it / tiles, (it % tiles) * kTile);
+  TensorView packed = weight, scale = folded_scale;
+  packed.dtype = scale.dtype = DType::kU8;
+  const Tensor plain = deinterleave_moe_weights_for_sm90_mixed_gemm(packed, "fp4");
+  const Tensor linear = deinterleave_moe_scales_for_sm90_mixed_gemm(scale, kMxBlock);
+  w.kernel.data = plain.view();
+  w.kernel.scale = linear.view();
+  Tensor out = Tensor::empty({experts, rows, c}, DType::kF32);
+  parallel_for(experts * rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float unit_scale;  // kMxfp4 folds its scales into the codes
+      decode_weight_row(w.kernel, r / rows, r % rows, out.ptr<float>() + r * c, &unit_scale);
+    }
   });
   return out;
 }
 
 Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
-  const Mxfp4Moe m = check_moe(a, level);
+  Mxfp4Moe m = check_moe(a, level);
   const Mxfp4Tokens in = check_tokens(m, a);
   Tensor out = Tensor::empty({in.tokens, m.k}, DType::kBF16);
   if (in.tokens == 0) return out;
+  const Mxfp4KernelLayout layout = derive_kernel_layout(m);
+  attach_kernel_layout(m, layout);
   Mxfp4Workspace ws;
   ws.reserve(m, in.tokens * in.top_k);
   run_moe(m, in, ws, out.view());
@@ -502,12 +573,13 @@ void copy_into_padded(const TensorView& x, const TensorView& padded) {
 }
 
 /// Whose call a Mxfp4FusedRun serves: the fused func's single eager call, or MoeRunner::prepare
-/// (materialised routing only; the weights are deinterleaved once, up front).
+/// (materialised routing only). Both run the same code on the same kernel layout.
 enum class RunKind { kEagerCall, kPrepared };
 
 /// The (none, flashinfer_mxfp4) fused func for one dispatch output's shapes: R15/R8 checks,
-/// payload validation, padding buffer, output and workspace at construction; run() pads the
-/// current hidden states, checks the current ids, computes and trims into the output.
+/// payload validation (kernel_layout included), the kernel layout (the quant info's, else
+/// derived), padding buffer, output and workspace at construction; run() pads the current hidden
+/// states, checks the current ids, computes and trims into the output.
 class Mxfp4FusedRun : public PreparedRun {
  public:
   Mxfp4FusedRun(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
@@ -573,6 +645,8 @@ class Mxfp4FusedRun : public PreparedRun {
     }
     moe_ = check_moe(args, config.isa_level.value_or(IsaLevel::kScalar));
     tokens_ = check_tokens(moe_, args);
+    const bool given_layout = has_kernel_layout(q.kernel_layout);
+    if (given_layout) check_kernel_layout(moe_, q.kernel_layout);  // part of the payload (R9 too)
     if (tokens == 0) {  // R9: validated; the combine input is hidden_states, no kernel runs
       combine_input_ = std::make_shared<StandardCombineInput>(x_);
       return;
@@ -580,14 +654,9 @@ class Mxfp4FusedRun : public PreparedRun {
     const Tensor out = Tensor::empty({tokens, origin_hidden}, DType::kBF16);
     out_ = out.view();
     combine_input_ = std::make_shared<StandardCombineInput>(out);
+    kernel_layout_ = given_layout ? q.kernel_layout : derive_kernel_layout(moe_);
+    attach_kernel_layout(moe_, kernel_layout_);
     ws_.reserve(moe_, tokens * tokens_.top_k);
-    if (kind == RunKind::kPrepared) {
-      // Replays read every tile many times; deinterleave once (an exact byte permutation).
-      w13_plain_ = deinterleave_moe_weights_for_sm90_mixed_gemm(q.w13_weight.view(), "fp4");
-      w2_plain_ = deinterleave_moe_weights_for_sm90_mixed_gemm(q.w2_weight.view(), "fp4");
-      moe_.w13.plain = w13_plain_.ptr<uint8_t>();
-      moe_.w2.plain = w2_plain_.ptr<uint8_t>();
-    }
   }
 
   void run() override {
@@ -600,9 +669,9 @@ class Mxfp4FusedRun : public PreparedRun {
   DispatchOutputPtr dispatch_;  // keeps hidden states and routing alive
   QuantInfoPtr quant_info_;     // keeps the weights alive
   Tensor x_;
-  StandardTopKOutput topk_;      // owns the routing R8 materialised from a bypassed top-k
-  Tensor padded_;                // zero-padded GEMM input [T, padded_hidden]; undefined if none
-  Tensor w13_plain_, w2_plain_;  // kPrepared: the weights deinterleaved
+  StandardTopKOutput topk_;  // owns the routing R8 materialised from a bypassed top-k
+  Tensor padded_;            // zero-padded GEMM input [T, padded_hidden]; undefined if none
+  Mxfp4KernelLayout kernel_layout_;  // what moe_'s kernel operands read
   Mxfp4Moe moe_;
   Mxfp4Tokens tokens_;
   Mxfp4Workspace ws_;
