@@ -42,6 +42,12 @@ inline bool integer_operands(const ActivationCodes& a, const WeightOperand& w) {
   return a.integer && w.coding == WeightCoding::kInt8;
 }
 
+/// int8 × int8 calls of fewer rows take the avx512 row, which streams the int8 weights as they
+/// are stored: the VNNI and AMX rows repack every weight row of a call, which pays off only over
+/// enough rows (decode calls have one or a few). The dots are exact on every row, so the choice
+/// never changes a bit.
+constexpr int64_t kPackedIntegerMinRows = 16;
+
 /// The activation scales match the weight's K blocks (as scaled_gemm_ref requires).
 inline void check_activation_scales(const ActivationCodes& a, const WeightOperand& w) {
   MOECORE_INTERNAL_CHECK(a.scales == nullptr || a.scales_per_row == 1 ||

@@ -244,7 +244,7 @@ size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w) {
 
 void scaled_gemm_amx(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo) {
-  if (integer_operands(a, w)) {
+  if (integer_operands(a, w) && m >= kPackedIntegerMinRows) {
     check_activation_scales(a, w);
     scaled_gemm_tiles<true>(a, m, w, e, n0, n, out, ldo);
   } else if (bf16_operands(a, w)) {

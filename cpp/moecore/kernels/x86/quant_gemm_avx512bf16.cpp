@@ -140,7 +140,7 @@ size_t scaled_gemm_avx512_bf16_scratch_bytes(const WeightOperand& w) {
 void scaled_gemm_avx512_bf16(const ActivationCodes& a, int64_t m, const WeightOperand& w,
                              int64_t e, int64_t n0, int64_t n, float* out, int64_t ldo) {
   const bool integer = integer_operands(a, w);
-  if (!integer && !bf16_operands(a, w)) {
+  if (integer ? m < kPackedIntegerMinRows : !bf16_operands(a, w)) {
     scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
     return;
   }
