@@ -164,6 +164,22 @@ def test_topk_input_replay_equals_forward_topk(name):
             assert (graph.ranks[r].topk_ids[t:] == -1).all()
 
 
+@pytest.mark.parametrize("name", list(PATHS))
+def test_a_token_gives_the_same_bits_alone_or_in_any_batch_and_bucket(name):
+    """Batch invariance through dispatch and combine: rank 0's first token alone (the other
+    rank idle), then in batches of 2 and 7 beside other tokens on both ranks, in buckets of 1
+    and 8, always gives the same bits."""
+    group = make_group(name, 2)
+    graphs = moecore.MoeGraphRunner(group, [1, CAP]).capture()
+    rng = np.random.default_rng(9)
+    x = [rng.standard_normal((7, H)).astype(BF16) for _ in range(2)]
+    logits = [rng.standard_normal((7, E)).astype(np.float32) for _ in range(2)]
+    alone = graphs.forward([x[0][:1], x[1][:0]], [logits[0][:1], logits[1][:0]])[0]
+    for n0, n1 in ((2, 0), (7, 7), (1, 7), (2, 3)):
+        got = graphs.forward([x[0][:n0], x[1][:n1]], [logits[0][:n0], logits[1][:n1]])[0]
+        assert_bitwise_equal(got[:1], alone, what=f"{name}: batch ({n0}, {n1})")
+
+
 @pytest.mark.parametrize("name", ["deepep_deep_gemm_fp8", "flashinfer_cutlass_nvfp4"])
 def test_replay_is_bitwise_across_thread_counts(name):
     previous = moecore.get_num_threads()
