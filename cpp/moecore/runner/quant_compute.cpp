@@ -267,10 +267,19 @@ void check_scale_values(const char* api, const char* name, const TensorView& sca
                       scale.describe());
   const float* p = scale.ptr<float>();
   const int64_t n = scale.numel();
+  // Every call checks every expert's scales, so the common case is one branch-free pass over
+  // contiguous memory; the failing index is searched for only when there is one.
+  const float low = allow_zero ? 0.0f : std::numeric_limits<float>::denorm_min();
+  const float high = std::numeric_limits<float>::max();
+  auto ok = [&](float v) { return v >= low && v <= high; };  // false for NaN
+  if (scale.is_contiguous()) {
+    bool all_ok = true;
+    for (int64_t i = 0; i < n; ++i) all_ok &= ok(p[i]);
+    if (all_ok) return;
+  }
   for (int64_t i = 0; i < n; ++i) {
     const float v = p[strided_offset(scale, i)];
-    const bool ok = std::isfinite(v) && (allow_zero ? v >= 0.0f : v > 0.0f);
-    MOECORE_CHECK(ok, api, ": ", name, " must be finite and ", allow_zero ? ">= 0" : "> 0",
+    MOECORE_CHECK(ok(v), api, ": ", name, " must be finite and ", allow_zero ? ">= 0" : "> 0",
                   ", got ", v, " at ", index_string(scale, i));
   }
 }
