@@ -409,11 +409,7 @@ class DeepEPLowLatencyRound : public PreparedRound {
         masked_m_(Tensor::zeros({config_.num_local_experts}, DType::kI32)),
         record_(4 + codec.row_bytes()),
         max_slots_(cap_ * config_.top_k),
-        block_bytes_(max_slots_ * std::max(record_, 2 * config_.hidden_size)),
-        send_(static_cast<size_t>(R_ * block_bytes_)),
-        recv_(send_.size()),
-        send_bytes_(static_cast<size_t>(R_)),
-        recv_bytes_(static_cast<size_t>(R_)),
+        exchange_(transport_, max_slots_ * std::max(record_, 2 * config_.hidden_size)),
         sent_(static_cast<size_t>(R_ * max_slots_)),
         sent_count_(static_cast<size_t>(R_)),
         received_(static_cast<size_t>(R_ * max_slots_)),
@@ -468,26 +464,24 @@ class DeepEPLowLatencyRound : public PreparedRound {
           !staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
         staged_.codec.throw_non_finite(api, t);
     }
-    std::fill(send_bytes_.begin(), send_bytes_.end(), 0);
+    exchange_.clear();
     std::fill(sent_count_.begin(), sent_count_.end(), 0);
     for (int64_t s = 0; s < num_tokens * k; ++s) {
       if (ids[s] < 0) continue;
       const int64_t dest = ids[s] / L;
       const int32_t local = static_cast<int32_t>(ids[s] % L);
-      uint8_t* rec = send_.data() + dest * block_bytes_ + send_bytes_[dest];
+      uint8_t* rec = exchange_.append(dest, record_);
       std::memcpy(rec, &local, 4);
       staged_.write_row(s / k, rec + 4);
-      send_bytes_[dest] += record_;
       sent_[dest * max_slots_ + sent_count_[dest]++] = s;
     }
-    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
-                                block_bytes_);
+    exchange_.exchange();
     int32_t* masked = masked_m_.ptr<int32_t>();
     std::fill(masked, masked + L, 0);
     for (int64_t src = 0; src < R_; ++src) {
-      const int64_t n = recv_bytes_[src] / record_;
+      const int64_t n = exchange_.received_bytes(src) / record_;
       for (int64_t i = 0; i < n; ++i) {
-        const uint8_t* rec = recv_.data() + src * block_bytes_ + i * record_;
+        const uint8_t* rec = exchange_.received(src) + i * record_;
         int32_t local;
         std::memcpy(&local, rec, 4);
         MOECORE_INTERNAL_CHECK(local >= 0 && local < L && masked[local] < m_cap_,
@@ -503,22 +497,21 @@ class DeepEPLowLatencyRound : public PreparedRound {
   void combine(int64_t num_tokens) override {
     const int64_t H = config_.hidden_size, row_bytes = 2 * H;
     const auto* expert_rows = static_cast<const uint8_t*>(expert_out_.view().data);
-    for (int64_t src = 0; src < R_; ++src) {
-      uint8_t* block = send_.data() + src * block_bytes_;
+    exchange_.clear();
+    for (int64_t src = 0; src < R_; ++src)
       for (int64_t i = 0; i < received_count_[src]; ++i)
-        std::memcpy(block + i * row_bytes, expert_rows + received_[src * max_slots_ + i] * row_bytes,
+        std::memcpy(exchange_.append(src, row_bytes),
+                    expert_rows + received_[src * max_slots_ + i] * row_bytes,
                     static_cast<size_t>(row_bytes));
-      send_bytes_[src] = received_count_[src] * row_bytes;
-    }
-    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
-                                block_bytes_);
+    exchange_.exchange();
     auto* slots = static_cast<uint8_t*>(slots_.view().data);
     for (int64_t d = 0; d < R_; ++d) {
-      MOECORE_INTERNAL_CHECK(recv_bytes_[d] == sent_count_[d] * row_bytes, "DeepEP combine: rank ",
-                             d, " returned ", recv_bytes_[d], " bytes");
+      MOECORE_INTERNAL_CHECK(exchange_.received_bytes(d) == sent_count_[d] * row_bytes,
+                             "DeepEP combine: rank ", d, " returned ", exchange_.received_bytes(d),
+                             " bytes");
       for (int64_t i = 0; i < sent_count_[d]; ++i)
         std::memcpy(slots + sent_[d * max_slots_ + i] * row_bytes,
-                    recv_.data() + d * block_bytes_ + i * row_bytes, static_cast<size_t>(row_bytes));
+                    exchange_.received(d) + i * row_bytes, static_cast<size_t>(row_bytes));
     }
     reduce_slots(config_, topk_, num_tokens, slots_.view(), output_.view(), reorder_.get());
     uint16_t* out = output_.ptr<uint16_t>();
@@ -534,9 +527,8 @@ class DeepEPLowLatencyRound : public PreparedRound {
   PayloadRows staged_;  // [cap]: this rank's routed tokens, encoded
   PayloadRows rows_;    // [L, m_cap]: the dispatch output's received rows
   Tensor masked_m_;
-  int64_t record_, max_slots_, block_bytes_;
-  std::vector<uint8_t> send_, recv_;  // R blocks of block_bytes_, for dispatch and combine
-  std::vector<int64_t> send_bytes_, recv_bytes_;
+  int64_t record_, max_slots_;
+  FixedExchange exchange_;  // for dispatch and combine
   std::vector<int64_t> sent_, sent_count_;          // [dest][i]: slot t·k + j sent
   std::vector<int64_t> received_, received_count_;  // [src][i]: its receive row
   std::vector<int64_t> per_expert_;

@@ -175,11 +175,7 @@ class FlashinferRound : public PreparedRound {
         ids_(Tensor::empty({R_ * cap_, config.top_k}, DType::kI32)),
         weights_(Tensor::zeros({R_ * cap_, config.top_k}, DType::kF32)),
         record_(8 * config.top_k + codec.row_bytes()),
-        block_bytes_(cap_ * std::max(record_, 2 * config.hidden_size)),
-        send_(static_cast<size_t>(R_ * block_bytes_)),
-        recv_(send_.size()),
-        send_bytes_(static_cast<size_t>(R_)),
-        recv_bytes_(static_cast<size_t>(R_)),
+        exchange_(transport_, cap_ * std::max(record_, 2 * config.hidden_size)),
         sent_(static_cast<size_t>(R_ * cap_)),
         sent_count_(static_cast<size_t>(R_)),
         received_count_(static_cast<size_t>(R_), 0),
@@ -224,26 +220,24 @@ class FlashinferRound : public PreparedRound {
     for (int64_t t = 0; t < num_tokens; ++t)
       if (!staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
         staged_.codec.throw_non_finite(api, t);
-    std::fill(send_bytes_.begin(), send_bytes_.end(), 0);
+    exchange_.clear();
     std::fill(sent_count_.begin(), sent_count_.end(), 0);
     for (int64_t t = 0; t < num_tokens; ++t)
       for (int64_t d = 0; d < R_; ++d) {
         if (!routes_to(ids, t, k, L, d)) continue;
-        uint8_t* rec = send_.data() + d * block_bytes_ + send_bytes_[d];
+        uint8_t* rec = exchange_.append(d, record_);
         std::memcpy(rec, ids + t * k, static_cast<size_t>(4 * k));
         std::memcpy(rec + 4 * k, weights + t * k, static_cast<size_t>(4 * k));
         staged_.write_row(t, rec + 8 * k);
-        send_bytes_[d] += record_;
         sent_[d * cap_ + sent_count_[d]++] = t;
       }
-    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
-                                block_bytes_);
+    exchange_.exchange();
     int32_t* out_ids = ids_.ptr<int32_t>();
     float* out_weights = weights_.ptr<float>();
     for (int64_t src = 0; src < R_; ++src) {
-      const int64_t n = recv_bytes_[src] / record_;
+      const int64_t n = exchange_.received_bytes(src) / record_;
       for (int64_t i = 0; i < n; ++i) {
-        const uint8_t* rec = recv_.data() + src * block_bytes_ + i * record_;
+        const uint8_t* rec = exchange_.received(src) + i * record_;
         const int64_t row = src * cap_ + i;
         std::memcpy(out_ids + row * k, rec, static_cast<size_t>(4 * k));
         std::memcpy(out_weights + row * k, rec + 4 * k, static_cast<size_t>(4 * k));
@@ -264,19 +258,20 @@ class FlashinferRound : public PreparedRound {
   void combine(int64_t num_tokens) override {
     const int64_t H = config_.hidden_size, row_bytes = 2 * H;
     const auto* partials = static_cast<const uint8_t*>(partials_.view().data);
+    exchange_.clear();
     for (int64_t src = 0; src < R_; ++src) {
-      send_bytes_[src] = received_count_[src] * row_bytes;
-      std::memcpy(send_.data() + src * block_bytes_, partials + src * cap_ * row_bytes,
-                  static_cast<size_t>(send_bytes_[src]));
+      const int64_t bytes = received_count_[src] * row_bytes;
+      std::memcpy(exchange_.append(src, bytes), partials + src * cap_ * row_bytes,
+                  static_cast<size_t>(bytes));
     }
-    transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
-                                block_bytes_);
+    exchange_.exchange();
     std::fill(acc_.begin(), acc_.begin() + num_tokens * H, 0.0f);
     for (int64_t d = 0; d < R_; ++d) {
-      MOECORE_INTERNAL_CHECK(recv_bytes_[d] == sent_count_[d] * row_bytes,
-                             "FlashInfer combine: rank ", d, " returned ", recv_bytes_[d], " bytes");
+      MOECORE_INTERNAL_CHECK(exchange_.received_bytes(d) == sent_count_[d] * row_bytes,
+                             "FlashInfer combine: rank ", d, " returned ",
+                             exchange_.received_bytes(d), " bytes");
       for (int64_t i = 0; i < sent_count_[d]; ++i) {
-        load_f32(recv_.data() + d * block_bytes_ + i * row_bytes, DType::kBF16, H, row_.data());
+        load_f32(exchange_.received(d) + i * row_bytes, DType::kBF16, H, row_.data());
         float* a = acc_.data() + sent_[d * cap_ + i] * H;
         for (int64_t x = 0; x < H; ++x) a[x] += row_[x];
       }
@@ -296,9 +291,8 @@ class FlashinferRound : public PreparedRound {
   PayloadRows staged_;  // [cap]: this rank's tokens, encoded
   PayloadRows rows_;    // [R·cap]: the dispatch output's rows
   Tensor ids_, weights_;
-  int64_t record_, block_bytes_;
-  std::vector<uint8_t> send_, recv_;  // R blocks of block_bytes_, for dispatch and combine
-  std::vector<int64_t> send_bytes_, recv_bytes_;
+  int64_t record_;
+  FixedExchange exchange_;  // for dispatch and combine
   std::vector<int64_t> sent_, sent_count_;  // [dest][i]: token sent
   std::vector<int64_t> received_count_;     // [src]: rows it filled last dispatch
   Tensor partials_;                         // the runner's combine input [R·cap, H]

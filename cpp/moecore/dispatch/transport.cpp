@@ -2,6 +2,7 @@
 // barrier, so a rank never overwrites a mailbox a peer has not read yet.
 #include "moecore/dispatch/transport.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -56,6 +57,29 @@ class LoopbackTransport : public Transport {
 };
 
 }  // namespace
+
+FixedExchange::FixedExchange(TransportPtr transport, int64_t block_bytes)
+    : transport_(std::move(transport)),
+      block_bytes_(block_bytes),
+      send_(static_cast<size_t>(transport_->size() * block_bytes)),
+      recv_(send_.size()),
+      send_bytes_(static_cast<size_t>(transport_->size())),
+      recv_bytes_(send_bytes_.size()) {}
+
+void FixedExchange::clear() { std::fill(send_bytes_.begin(), send_bytes_.end(), 0); }
+
+uint8_t* FixedExchange::append(int64_t peer, int64_t bytes) {
+  MOECORE_INTERNAL_CHECK(send_bytes_[peer] + bytes <= block_bytes_, "a prepared round's block for rank ",
+                         peer, " overflows its ", block_bytes_, " bytes");
+  uint8_t* at = send_.data() + peer * block_bytes_ + send_bytes_[peer];
+  send_bytes_[peer] += bytes;
+  return at;
+}
+
+void FixedExchange::exchange() {
+  transport_->all_to_all_into(send_.data(), send_bytes_.data(), recv_.data(), recv_bytes_.data(),
+                              block_bytes_);
+}
 
 std::shared_ptr<LoopbackGroup> LoopbackGroup::create(int size) {
   MOECORE_CHECK(size >= 1 && size <= 1024, "LoopbackGroup: expected 1..1024 ranks, got ", size);

@@ -40,6 +40,28 @@ class Transport {
 };
 using TransportPtr = std::shared_ptr<Transport>;
 
+/// The buffers of a prepared (capturable) round's all-to-alls, allocated once: a block of
+/// block_bytes per peer each way. clear(), append records to the peers' blocks, exchange(), then
+/// read what each peer sent; nothing allocates after construction.
+class FixedExchange {
+ public:
+  FixedExchange(TransportPtr transport, int64_t block_bytes);
+  /// Empties every send block.
+  void clear();
+  /// Room for the next `bytes` of peer's send block (the block must have it).
+  uint8_t* append(int64_t peer, int64_t bytes);
+  /// Transport::all_to_all_into over the blocks.
+  void exchange();
+  const uint8_t* received(int64_t src) const { return recv_.data() + src * block_bytes_; }
+  int64_t received_bytes(int64_t src) const { return recv_bytes_[src]; }
+
+ private:
+  TransportPtr transport_;
+  int64_t block_bytes_;
+  std::vector<uint8_t> send_, recv_;
+  std::vector<int64_t> send_bytes_, recv_bytes_;
+};
+
 /// Raised by a collective of a group that a failed rank poisoned; the message names that rank.
 /// Python: moecore.MoecoreError.
 class CollectiveAborted : public Error {
