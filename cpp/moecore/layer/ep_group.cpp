@@ -1,4 +1,5 @@
-// ExpertParallelGroup: builds the layers, fans loading out, runs the ranks on threads.
+// ExpertParallelGroup: builds the layers, fans loading out, runs the ranks on the rank threads;
+// CapturedGroupForward replays the ranks' captured forwards together.
 #include "moecore/layer/ep_group.h"
 
 #include "moecore/core/error.h"

@@ -1,6 +1,7 @@
 // ExpertParallelGroup: R rank-local FusedMoE layers over one LoopbackGroup, for running and
 // testing expert parallelism in one process. Each rank owns its slice of the experts and its own
-// dispatcher; every multi-rank call runs the ranks on their own threads and joins them.
+// dispatcher; every multi-rank call runs the ranks on the group's rank threads and waits for them.
+// capture() gives the group's CapturedGroupForward.
 #pragma once
 
 #include <functional>
