@@ -304,6 +304,13 @@ def test_bad_inputs_raise_typed_errors_and_the_group_recovers():
     want = _eager(group, graph, [2, 2], "topk")
     for r in range(2):
         assert_bitwise_equal(graph.ranks[r].output[:2], want[r])
+    # A token routed nowhere is still refused, as eager dispatch refuses it.
+    graph.ranks[0].topk_ids[1] = -1
+    graph.ranks[0].hidden_states[1, 3] = np.inf
+    with pytest.raises(ValueError, match="row 1 holds a non-finite value"):
+        graph.replay([2, 2])
+    with pytest.raises(ValueError, match="row 1 holds a non-finite value"):
+        _eager(group, graph, [2, 2], "topk")
 
 
 def test_separate_groups_replay_in_parallel_threads():

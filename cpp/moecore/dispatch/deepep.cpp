@@ -454,16 +454,13 @@ class DeepEPLowLatencyRound : public PreparedRound {
                           ": topk_ids must be in [-1, ", config_.num_experts, "), got ", ids[s],
                           " at [", s / k, ", ", s % k, "]");
     check_low_latency_capacity(api, config_, ids, num_tokens, per_expert_);
-    // Each routed token is encoded once, then copied into one record per slot.
+    // Each token is encoded once (and refused, as eager dispatch refuses it, if a quantized
+    // payload cannot carry it), then copied into one record per slot.
     const auto* x = hidden_states_.ptr<uint16_t>();
     const int64_t stride = hidden_states_.view().strides[0];
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      bool routed = false;
-      for (int64_t j = 0; j < k; ++j) routed = routed || ids[t * k + j] >= 0;
-      if (routed &&
-          !staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
+    for (int64_t t = 0; t < num_tokens; ++t)
+      if (!staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
         staged_.codec.throw_non_finite(api, t);
-    }
     exchange_.clear();
     std::fill(sent_count_.begin(), sent_count_.end(), 0);
     for (int64_t s = 0; s < num_tokens * k; ++s) {
