@@ -215,6 +215,12 @@ def test_graph_runner_over_a_group_pads_every_rank_to_one_bucket():
         graphs.forward([np.zeros((CAP + 1, H), BF16)] * 2, [np.zeros((CAP + 1, E), np.float32)] * 2)
     with pytest.raises(ValueError, match="list of 2 arrays"):
         graphs.forward(np.zeros((1, H), BF16), np.zeros((1, E), np.float32))
+    before = graphs.graph_for(1).ranks[0].hidden_states.copy()
+    with pytest.raises(ValueError, match="router_logits of dtype float32"):
+        graphs.forward([np.ones((1, H), BF16)] * 2,
+                       [np.zeros((1, E), np.float32), np.zeros((1, E), np.float64)])
+    assert_bitwise_equal(graphs.graph_for(1).ranks[0].hidden_states, before,
+                         what="a rejected batch writes no static buffer")
     with pytest.raises(ValueError, match="expert-parallel group dispatches bf16"):
         moecore.MoeGraphRunner(group, [1], dtype=np.float32)
 

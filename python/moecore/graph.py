@@ -122,6 +122,7 @@ class MoeGraphRunner:
             rows = {name: np.asarray(value) for name, value in inputs.items()}
             t = self._num_tokens(rows["hidden_states"])
             graph = self.graph_for(t)
+            self._check(graph, rows, t)
             with self._lock:
                 self._fill(graph, rows, t)
                 graph.replay(t)
@@ -137,6 +138,8 @@ class MoeGraphRunner:
             per_rank.append({name: np.asarray(values[r]) for name, values in inputs.items()})
         counts = [self._num_tokens(rows["hidden_states"]) for rows in per_rank]
         graph = self.graph_for(max(counts))
+        for rank_graph, rows, t in zip(graph.ranks, per_rank, counts):
+            self._check(rank_graph, rows, t)  # every rank before any static buffer changes
         with self._lock:
             for rank_graph, rows, t in zip(graph.ranks, per_rank, counts):
                 self._fill(rank_graph, rows, t)
@@ -152,8 +155,8 @@ class MoeGraphRunner:
         return hidden_states.shape[0]
 
     @staticmethod
-    def _fill(graph, rows, t) -> None:
-        """Checks each input against its static buffer and copies it into the first t rows."""
+    def _check(graph, rows, t) -> None:
+        """Checks each input against its static buffer's shape and dtype."""
         for name, value in rows.items():
             static = getattr(graph, name)
             if value.shape != (t,) + static.shape[1:]:
@@ -164,4 +167,9 @@ class MoeGraphRunner:
                 raise InvalidArgumentError(
                     f"MoeGraphRunner.forward: expected {name} of dtype {static.dtype}, got "
                     f"{value.dtype}")
-            static[:t] = value
+
+    @staticmethod
+    def _fill(graph, rows, t) -> None:
+        """Copies each (checked) input into the first t rows of its static buffer."""
+        for name, value in rows.items():
+            getattr(graph, name)[:t] = value
