@@ -208,13 +208,16 @@ TEST(CaptureGroupTest, BadCountsAndFailingRanksRaiseAndTheGroupRecovers) {
   graph->rank(1)->topk_weights().ptr<float>()[0] = 0.5f;
   graph->rank(1)->topk_weights().ptr<float>()[1] = 0.5f;
   EXPECT_NO_THROW(graph->replay({0, 1}));
-  const std::vector<Tensor> want = group->forward_topk(
-      {first_rows(graph->rank(0)->hidden_states(), 0), first_rows(graph->rank(1)->hidden_states(), 1)},
-      {StandardTopKOutput{first_rows(graph->rank(0)->topk_weights(), 0),
-                          first_rows(graph->rank(0)->topk_ids(), 0), {}},
-       StandardTopKOutput{first_rows(graph->rank(1)->topk_weights(), 1),
-                          first_rows(graph->rank(1)->topk_ids(), 1), {}}},
-      /*is_extend_in_batch=*/false);
+  const std::vector<Tensor> want =
+      group->forward_topk({first_rows(graph->rank(0)->hidden_states(), 0),
+                           first_rows(graph->rank(1)->hidden_states(), 1)},
+                          {StandardTopKOutput{first_rows(graph->rank(0)->topk_weights(), 0),
+                                              first_rows(graph->rank(0)->topk_ids(), 0),
+                                              {}},
+                           StandardTopKOutput{first_rows(graph->rank(1)->topk_weights(), 1),
+                                              first_rows(graph->rank(1)->topk_ids(), 1),
+                                              {}}},
+                          /*is_extend_in_batch=*/false);
   expect_same_bits(first_rows(graph->rank(1)->output(), 1), want[1], "after recovery");
 }
 

@@ -83,7 +83,8 @@ TEST_P(LoopbackTest, AllToAllIntoDeliversAndRunsAllocateNothing) {
     recv_bytes[r].assign(static_cast<size_t>(R), -1);
     for (int d = 0; d < R; ++d) {
       send_bytes[r].push_back((r + 3 * d) % (block + 1));
-      for (int64_t i = 0; i < block; ++i) send[r][d * block + i] = static_cast<uint8_t>(16 * r + d + i);
+      for (int64_t i = 0; i < block; ++i)
+        send[r][d * block + i] = static_cast<uint8_t>(16 * r + d + i);
     }
   }
   const std::function<void(int)> body = [&](int r) {
@@ -525,7 +526,8 @@ TEST_P(PreparedRoundTest, ReplayEqualsEagerRoundAndAllocatesNothing) {
       counts[r] = (pass + 2 * r) % (cap + 1);
       const Batch fresh = make_batch(cap, H, E, k, 200 + 10 * pass + r);
       std::memcpy(statics[r].hidden.view().data, fresh.hidden.view().data, cap * H * 2);
-      std::memcpy(statics[r].topk.topk_ids.view().data, fresh.topk.topk_ids.view().data, cap * k * 4);
+      std::memcpy(statics[r].topk.topk_ids.view().data, fresh.topk.topk_ids.view().data,
+                  cap * k * 4);
       std::memcpy(statics[r].topk.topk_weights.view().data, fresh.topk.topk_weights.view().data,
                   cap * k * 4);
     }
@@ -534,7 +536,8 @@ TEST_P(PreparedRoundTest, ReplayEqualsEagerRoundAndAllocatesNothing) {
       const Tensor x = Tensor::copy_of(statics[r].hidden.view().narrow(0, 0, counts[r]));
       StandardTopKOutput topk{
           Tensor::copy_of(statics[r].topk.topk_weights.view().narrow(0, 0, counts[r])),
-          Tensor::copy_of(statics[r].topk.topk_ids.view().narrow(0, 0, counts[r])), {}};
+          Tensor::copy_of(statics[r].topk.topk_ids.view().narrow(0, 0, counts[r])),
+          {}};
       if (auto* deepep = dynamic_cast<DeepEPDispatcher*>(dispatchers[r].get()))
         deepep->set_is_extend_in_batch(false);
       DispatchOutputPtr out = dispatchers[r]->dispatch(x, topk);
@@ -573,7 +576,8 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundCase{3, MoeA2ABackend::DEEPEP, MoeRunnerBackend::FLASHINFER_CUTEDSL},
                       RoundCase{1, MoeA2ABackend::FLASHINFER, MoeRunnerBackend::FLASHINFER_CUTLASS},
                       RoundCase{3, MoeA2ABackend::FLASHINFER, MoeRunnerBackend::FLASHINFER_CUTLASS},
-                      RoundCase{4, MoeA2ABackend::FLASHINFER, MoeRunnerBackend::FLASHINFER_CUTEDSL}),
+                      RoundCase{4, MoeA2ABackend::FLASHINFER,
+                                MoeRunnerBackend::FLASHINFER_CUTEDSL}),
     [](const auto& info) {
       return std::to_string(info.param.ranks) + "_" + to_string(info.param.a2a) + "_" +
              to_string(info.param.runner);

@@ -398,8 +398,10 @@ TEST(PreparedMxfp4ErrorsTest, BadKernelLayoutShapesRaise) {
       q->kernel_layout = layout;
       for (bool prepared : {true, false}) {
         try {
-          if (prepared) runner.prepare(d, q);
-          else runner.run(d, q);
+          if (prepared)
+            runner.prepare(d, q);
+          else
+            runner.run(d, q);
           ADD_FAILURE() << field << " accepted (" << tokens << " tokens)";
         } catch (const InvalidArgument& e) {
           EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();

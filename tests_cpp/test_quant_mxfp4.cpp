@@ -179,8 +179,8 @@ TEST(Mxfp4QuantTest, KernelLayoutIsTheDeinterleavedContractLayout) {
   QuantInfoPtr qp = l.method->quant_info(*l.layer);
   const FlashInferMxfp4CutlassMoeQuantInfo& q = info_of(qp);
   const Mxfp4KernelLayout& kl = q.kernel_layout;
-  ASSERT_TRUE(kl.w13_weight.defined() && kl.w13_weight_scale.defined() &&
-              kl.w2_weight.defined() && kl.w2_weight_scale.defined());
+  ASSERT_TRUE(kl.w13_weight.defined() && kl.w13_weight_scale.defined() && kl.w2_weight.defined() &&
+              kl.w2_weight_scale.defined());
   expect_same_bytes(kl.w13_weight,
                     deinterleave_moe_weights_for_sm90_mixed_gemm(q.w13_weight.view()),
                     "w13_weight");
@@ -213,8 +213,7 @@ TEST(Mxfp4QuantTest, KernelLayoutIsTheDeinterleavedContractLayout) {
   const Tensor with_layout = run(qp);
   auto bare = std::make_shared<FlashInferMxfp4CutlassMoeQuantInfo>(q);
   bare->kernel_layout = Mxfp4KernelLayout();
-  expect_same_bytes(run(bare), with_layout,
-                    "kernel layout derived by the runner");
+  expect_same_bytes(run(bare), with_layout, "kernel layout derived by the runner");
   const Tensor direct = cutlass_fused_moe_mxfp4(
       direct_args(q, d->hidden_states, std::get<StandardTopKOutput>(d->topk_output)),
       current_isa_level());

@@ -525,7 +525,7 @@ class DeepEPLowLatencyRound : public PreparedRound {
   PayloadRows rows_;    // [L, m_cap]: the dispatch output's received rows
   Tensor masked_m_;
   int64_t record_, max_slots_;
-  FixedExchange exchange_;  // for dispatch and combine
+  FixedExchange exchange_;                          // for dispatch and combine
   std::vector<int64_t> sent_, sent_count_;          // [dest][i]: slot t·k + j sent
   std::vector<int64_t> received_, received_count_;  // [src][i]: its receive row
   std::vector<int64_t> per_expert_;
@@ -548,9 +548,9 @@ PreparedRoundPtr DeepEPDispatcher::prepare_round(const Tensor& hidden_states,
                         "auto");
   const int64_t capacity = hidden_states.size(0);
   if (capacity > c.num_max_dispatch_tokens_per_rank)
-    MOECORE_THROW(DispatchCapacityError, api, ": a capacity of ", capacity,
-                  " tokens exceeds num_max_dispatch_tokens_per_rank = ",
-                  c.num_max_dispatch_tokens_per_rank);
+    MOECORE_THROW(
+        DispatchCapacityError, api, ": a capacity of ", capacity,
+        " tokens exceeds num_max_dispatch_tokens_per_rank = ", c.num_max_dispatch_tokens_per_rank);
   check_round_buffers(api, hidden_states, topk, c.hidden_size, c.top_k, c.num_experts);
   return std::make_unique<DeepEPLowLatencyRound>(*this, hidden_states, topk,
                                                  payload_codec(*this, api));

@@ -59,7 +59,8 @@ DispatchOutputPtr FlashinferDispatcher::dispatch(const Tensor& hidden_states,
   MOECORE_ASSERT(!dispatched_, api, ": the previous dispatch was not combined yet");
   StandardTopKOutput topk =
       check_dispatch_input(api, hidden_states, topk_in, c.hidden_size, c.top_k, c.num_experts);
-  const PayloadRows rows = quantize_payload(api, hidden_states, payload_codec(*this, c.hidden_size, api));
+  const PayloadRows rows =
+      quantize_payload(api, hidden_states, payload_codec(*this, c.hidden_size, api));
 
   const int64_t R = transport_->size(), L = c.num_local_experts, k = c.top_k;
   const int64_t T = hidden_states.size(0);
@@ -292,7 +293,7 @@ class FlashinferRound : public PreparedRound {
   PayloadRows rows_;    // [R·cap]: the dispatch output's rows
   Tensor ids_, weights_;
   int64_t record_;
-  FixedExchange exchange_;  // for dispatch and combine
+  FixedExchange exchange_;                  // for dispatch and combine
   std::vector<int64_t> sent_, sent_count_;  // [dest][i]: token sent
   std::vector<int64_t> received_count_;     // [src]: rows it filled last dispatch
   Tensor partials_;                         // the runner's combine input [R·cap, H]

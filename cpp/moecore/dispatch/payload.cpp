@@ -90,7 +90,7 @@ DType PayloadCodec::scale_dtype() const {
 }
 
 int64_t PayloadCodec::q_bytes() const {
-  return payload == DispatchPayload::kBF16 ? 2 * hidden
+  return payload == DispatchPayload::kBF16  ? 2 * hidden
          : payload == DispatchPayload::kFP8 ? hidden
                                             : hidden / 2;
 }
@@ -152,12 +152,14 @@ void PayloadCodec::throw_non_finite(const char* api, int64_t row) const {
 
 void PayloadRows::write_row(int64_t row, uint8_t* dst) const {
   std::memcpy(dst, q_row(row), static_cast<size_t>(q_bytes()));
-  if (scale_bytes()) std::memcpy(dst + q_bytes(), scale_row(row), static_cast<size_t>(scale_bytes()));
+  if (scale_bytes())
+    std::memcpy(dst + q_bytes(), scale_row(row), static_cast<size_t>(scale_bytes()));
 }
 
 void PayloadRows::read_row(const uint8_t* src, int64_t row) const {
   std::memcpy(q_row(row), src, static_cast<size_t>(q_bytes()));
-  if (scale_bytes()) std::memcpy(scale_row(row), src + q_bytes(), static_cast<size_t>(scale_bytes()));
+  if (scale_bytes())
+    std::memcpy(scale_row(row), src + q_bytes(), static_cast<size_t>(scale_bytes()));
 }
 
 PayloadRows allocate_payload(const PayloadCodec& codec, const std::vector<int64_t>& lead) {
@@ -219,11 +221,13 @@ void check_round_buffers(const char* api, const Tensor& hidden_states,
                          const StandardTopKOutput& topk, int64_t hidden, int64_t top_k,
                          int64_t num_experts) {
   check_dispatch_input(api, hidden_states, topk, hidden, top_k, num_experts);
-  MOECORE_CHECK_DTYPE(topk.topk_ids.dtype() == DType::kI32 && topk.topk_ids.view().is_contiguous() &&
-                          topk.topk_weights.dtype() == DType::kF32 &&
-                          topk.topk_weights.view().is_contiguous(),
-                      api, ": a prepared round reads contiguous i32 topk_ids and f32 topk_weights, "
-                      "got ", topk.topk_ids.describe(), " and ", topk.topk_weights.describe());
+  MOECORE_CHECK_DTYPE(
+      topk.topk_ids.dtype() == DType::kI32 && topk.topk_ids.view().is_contiguous() &&
+          topk.topk_weights.dtype() == DType::kF32 && topk.topk_weights.view().is_contiguous(),
+      api,
+      ": a prepared round reads contiguous i32 topk_ids and f32 topk_weights, "
+      "got ",
+      topk.topk_ids.describe(), " and ", topk.topk_weights.describe());
 }
 
 }  // namespace moecore

@@ -56,7 +56,9 @@ struct PayloadRows {
   int64_t q_bytes() const { return codec.q_bytes(); }
   int64_t scale_bytes() const { return codec.scale_bytes(); }
   int64_t row_bytes() const { return codec.row_bytes(); }
-  uint8_t* q_row(int64_t row) const { return static_cast<uint8_t*>(q.view().data) + row * q_bytes(); }
+  uint8_t* q_row(int64_t row) const {
+    return static_cast<uint8_t*>(q.view().data) + row * q_bytes();
+  }
   uint8_t* scale_row(int64_t row) const {
     return scale_bytes() ? static_cast<uint8_t*>(scale.view().data) + row * scale_bytes() : nullptr;
   }

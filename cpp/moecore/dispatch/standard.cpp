@@ -153,7 +153,8 @@ class StandardRound : public PreparedRound {
   }
   Tensor bind_combine(const CombineInputPtr& combine_input) override {
     auto* in = dynamic_cast<const StandardCombineInput*>(combine_input.get());
-    MOECORE_CHECK_DTYPE(in != nullptr, "StandardDispatcher.combine: expected a StandardCombineInput");
+    MOECORE_CHECK_DTYPE(in != nullptr,
+                        "StandardDispatcher.combine: expected a StandardCombineInput");
     return in->hidden_states;
   }
   void dispatch(int64_t) override {

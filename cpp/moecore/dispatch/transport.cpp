@@ -69,8 +69,9 @@ FixedExchange::FixedExchange(TransportPtr transport, int64_t block_bytes)
 void FixedExchange::clear() { std::fill(send_bytes_.begin(), send_bytes_.end(), 0); }
 
 uint8_t* FixedExchange::append(int64_t peer, int64_t bytes) {
-  MOECORE_INTERNAL_CHECK(send_bytes_[peer] + bytes <= block_bytes_, "a prepared round's block for rank ",
-                         peer, " overflows its ", block_bytes_, " bytes");
+  MOECORE_INTERNAL_CHECK(send_bytes_[peer] + bytes <= block_bytes_,
+                         "a prepared round's block for rank ", peer, " overflows its ",
+                         block_bytes_, " bytes");
   uint8_t* at = send_.data() + peer * block_bytes_ + send_bytes_[peer];
   send_bytes_[peer] += bytes;
   return at;

@@ -894,8 +894,8 @@ Tensor dequantize_nvfp4(const TensorView& q, const TensorView& block_scale,
       srows.load_bytes(r, sbuf.data());
       for (int64_t c = 0; c < nsf; ++c)
         MOECORE_CHECK(sbuf[c] < 0x7f, kApi, ": expected block_scale finite and >= 0, got ",
-                      fp8_e4m3_to_f32(sbuf[c]), " (code 0x", Hex{sbuf[c]},
-                      ") at row ", r, " block ", c);
+                      fp8_e4m3_to_f32(sbuf[c]), " (code 0x", Hex{sbuf[c]}, ") at row ", r,
+                      " block ", c);
     }
   }
   Tensor out = Tensor::empty(

@@ -1,4 +1,5 @@
-// CapturedForward: static buffers, routing and the prepared run of one FusedMoE forward.
+// CapturedForward: static buffers, routing, the dispatcher's prepared round and the runner's
+// prepared run of one FusedMoE forward.
 #include "moecore/layer/capture.h"
 
 #include <algorithm>

@@ -344,8 +344,8 @@ void ModelOptNvFp4FusedMoEMethod::process_weights_after_loading(FusedMoE& layer)
     const int64_t h = w2.size(1), inter = w2.size(2) * 2;
     linear_scales_.w13 = linear_from_swizzled(kName, "w13 block scales", sw13, w13.size(0),
                                               w13.size(1), h / kGroupSize);
-    linear_scales_.w2 = linear_from_swizzled(kName, "w2 block scales", sw2, w2.size(0), h,
-                                             inter / kGroupSize);
+    linear_scales_.w2 =
+        linear_from_swizzled(kName, "w2 block scales", sw2, w2.size(0), h, inter / kGroupSize);
   }
 
   if (cutedsl_v2_) {

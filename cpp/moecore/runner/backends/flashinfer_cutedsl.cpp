@@ -177,15 +177,15 @@ TokenMajorPlan cutedsl_v2_plan(const DispatchOutputPtr& dispatch, const QuantInf
   check_global_scale(kApi, "a1_scale", a1);
   check_global_scale(kApi, "a2_scale", a2);
   const Nvfp4LinearScales& linear = q.linear_scales;
-  const Tensor sf13 =
-      linear.w13.defined()
-          ? checked_linear_scales(kApi, "linear_scales.w13", linear.w13, e, 2 * inter,
-                                  h / kNvfp4BlockSize)
-          : linear_from_mma(kApi, "w13_weight_sf", q.w13_weight_sf, e, 2 * inter,
-                            h / kNvfp4BlockSize);
+  const Tensor sf13 = linear.w13.defined()
+                          ? checked_linear_scales(kApi, "linear_scales.w13", linear.w13, e,
+                                                  2 * inter, h / kNvfp4BlockSize)
+                          : linear_from_mma(kApi, "w13_weight_sf", q.w13_weight_sf, e, 2 * inter,
+                                            h / kNvfp4BlockSize);
   const Tensor sf2 =
       linear.w2.defined()
-          ? checked_linear_scales(kApi, "linear_scales.w2", linear.w2, e, h, inter / kNvfp4BlockSize)
+          ? checked_linear_scales(kApi, "linear_scales.w2", linear.w2, e, h,
+                                  inter / kNvfp4BlockSize)
           : linear_from_mma(kApi, "w2_weight_sf", q.w2_weight_sf, e, h, inter / kNvfp4BlockSize);
   MOECORE_CHECK(q.local_expert_offset >= 0, kApi, ": expected local_expert_offset >= 0, got ",
                 q.local_expert_offset);
@@ -302,18 +302,16 @@ class MaskedRun final : public PreparedRun {
     e_ = s.e;
     h_ = s.h;
     const Nvfp4LinearScales& linear = q.linear_scales;
-    const Tensor sf13 =
-        linear.w13.defined()
-            ? checked_linear_scales(kApi, "linear_scales.w13", linear.w13, e_, 2 * s.inter,
-                                    h_ / kNvfp4BlockSize)
-            : linear_from_swizzled(kApi, "w13_weight_sf", q.w13_weight_sf, e_, 2 * s.inter,
-                                   h_ / kNvfp4BlockSize);
-    const Tensor sf2 =
-        linear.w2.defined()
-            ? checked_linear_scales(kApi, "linear_scales.w2", linear.w2, e_, h_,
-                                    s.inter / kNvfp4BlockSize)
-            : linear_from_swizzled(kApi, "w2_weight_sf", q.w2_weight_sf, e_, h_,
-                                   s.inter / kNvfp4BlockSize);
+    const Tensor sf13 = linear.w13.defined()
+                            ? checked_linear_scales(kApi, "linear_scales.w13", linear.w13, e_,
+                                                    2 * s.inter, h_ / kNvfp4BlockSize)
+                            : linear_from_swizzled(kApi, "w13_weight_sf", q.w13_weight_sf, e_,
+                                                   2 * s.inter, h_ / kNvfp4BlockSize);
+    const Tensor sf2 = linear.w2.defined()
+                           ? checked_linear_scales(kApi, "linear_scales.w2", linear.w2, e_, h_,
+                                                   s.inter / kNvfp4BlockSize)
+                           : linear_from_swizzled(kApi, "w2_weight_sf", q.w2_weight_sf, e_, h_,
+                                                  s.inter / kNvfp4BlockSize);
     const std::vector<float> a2 = per_expert_global_scales("a2_scale", q.a2_scale, e_);
 
     x_ = d->hidden_states;

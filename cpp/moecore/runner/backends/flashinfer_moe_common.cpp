@@ -297,8 +297,7 @@ void check_block_scale_bytes(const char* api, const char* what, const TensorView
     MOECORE_CHECK(p[i] < 0x7f, api, ": expected ", what,
                   " finite and >= 0 (e4m3 codes 0x00-0x7e), "
                   "got ",
-                  fp8_e4m3_to_f32(p[i]), " (code 0x", Hex{p[i]},
-                  ") at flat index ", i);
+                  fp8_e4m3_to_f32(p[i]), " (code 0x", Hex{p[i]}, ") at flat index ", i);
 }
 
 namespace {

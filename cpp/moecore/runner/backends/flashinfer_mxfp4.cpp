@@ -669,8 +669,8 @@ class Mxfp4FusedRun : public PreparedRun {
   DispatchOutputPtr dispatch_;  // keeps hidden states and routing alive
   QuantInfoPtr quant_info_;     // keeps the weights alive
   Tensor x_;
-  StandardTopKOutput topk_;  // owns the routing R8 materialised from a bypassed top-k
-  Tensor padded_;            // zero-padded GEMM input [T, padded_hidden]; undefined if none
+  StandardTopKOutput topk_;          // owns the routing R8 materialised from a bypassed top-k
+  Tensor padded_;                    // zero-padded GEMM input [T, padded_hidden]; undefined if none
   Mxfp4KernelLayout kernel_layout_;  // what moe_'s kernel operands read
   Mxfp4Moe moe_;
   Mxfp4Tokens tokens_;
