@@ -325,11 +325,7 @@ void DeepEPDispatcher::combine_a(const CombineInputPtr& combine_input) {
     hidden = &in->hidden_states;
     want = {recv_topk_ids_.size(0), k, H};
   }
-  MOECORE_CHECK_DTYPE(hidden->defined() && hidden->dtype() == DType::kBF16, api,
-                      ": expected bf16 expert outputs, got ", hidden->describe());
-  MOECORE_CHECK(hidden->view().shape_vector() == want && hidden->view().is_contiguous(), api,
-                ": expected contiguous hidden_states ", shape_string(want), ", got ",
-                hidden->describe());
+  check_combine_rows(api, "expert outputs", *hidden, want);
   const uint8_t* base = static_cast<const uint8_t*>(hidden->view().data);
   std::vector<std::vector<uint8_t>> send(R);
   for (int64_t s = 0; s < R; ++s)
@@ -433,14 +429,9 @@ class DeepEPLowLatencyRound : public PreparedRound {
     const char* api = "DeepEPDispatcher.combine";
     auto* in = dynamic_cast<const DeepEPLLCombineInput*>(combine_input.get());
     MOECORE_CHECK_DTYPE(in != nullptr, api, ": expected a DeepEPLLCombineInput");
-    const std::vector<int64_t> want = {config_.num_local_experts, m_cap_, config_.hidden_size};
-    const Tensor& h = in->hidden_states;
-    MOECORE_CHECK_DTYPE(h.defined() && h.dtype() == DType::kBF16, api,
-                        ": expected bf16 expert outputs, got ", h.describe());
-    MOECORE_CHECK(h.view().shape_vector() == want && h.view().is_contiguous(), api,
-                  ": expected contiguous hidden_states ", shape_string(want), ", got ",
-                  h.describe());
-    expert_out_ = h;
+    check_combine_rows(api, "expert outputs", in->hidden_states,
+                       {config_.num_local_experts, m_cap_, config_.hidden_size});
+    expert_out_ = in->hidden_states;
     output_ = Tensor::zeros({cap_, config_.hidden_size}, DType::kBF16);
     return output_;
   }
@@ -449,18 +440,9 @@ class DeepEPLowLatencyRound : public PreparedRound {
     const char* api = "DeepEPDispatcher.dispatch";
     const int64_t L = config_.num_local_experts, k = config_.top_k;
     const int32_t* ids = topk_.topk_ids.ptr<int32_t>();
-    for (int64_t s = 0; s < num_tokens * k; ++s)
-      MOECORE_CHECK_INDEX(ids[s] >= -1 && ids[s] < config_.num_experts, api,
-                          ": topk_ids must be in [-1, ", config_.num_experts, "), got ", ids[s],
-                          " at [", s / k, ", ", s % k, "]");
+    // Each token is encoded once, then copied into one record per slot.
+    stage_round_tokens(api, hidden_states_, topk_, num_tokens, config_.num_experts, staged_);
     check_low_latency_capacity(api, config_, ids, num_tokens, per_expert_);
-    // Each token is encoded once (and refused, as eager dispatch refuses it, if a quantized
-    // payload cannot carry it), then copied into one record per slot.
-    const auto* x = hidden_states_.ptr<uint16_t>();
-    const int64_t stride = hidden_states_.view().strides[0];
-    for (int64_t t = 0; t < num_tokens; ++t)
-      if (!staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
-        staged_.codec.throw_non_finite(api, t);
     exchange_.clear();
     std::fill(sent_count_.begin(), sent_count_.end(), 0);
     for (int64_t s = 0; s < num_tokens * k; ++s) {

@@ -124,11 +124,7 @@ Tensor FlashinferDispatcher::combine(const CombineInputPtr& combine_input) {
   MOECORE_CHECK_DTYPE(in != nullptr, api, ": expected a FlashinferCombineInput");
   const int64_t R = transport_->size(), H = config_.hidden_size, row_bytes = H * 2;
   const Tensor& h = in->hidden_states;
-  const std::vector<int64_t> want = {R * rows_per_rank_, H};
-  MOECORE_CHECK_DTYPE(h.defined() && h.dtype() == DType::kBF16, api,
-                      ": expected bf16 partial outputs, got ", h.describe());
-  MOECORE_CHECK(h.view().shape_vector() == want && h.view().is_contiguous(), api,
-                ": expected contiguous hidden_states ", shape_string(want), ", got ", h.describe());
+  check_combine_rows(api, "partial outputs", h, {R * rows_per_rank_, H});
   const uint8_t* base = static_cast<const uint8_t*>(h.view().data);
   std::vector<std::vector<uint8_t>> send(R);
   for (int64_t s = 0; s < R; ++s)
@@ -195,14 +191,8 @@ class FlashinferRound : public PreparedRound {
     const char* api = "FlashinferDispatcher.combine";
     auto* in = dynamic_cast<const FlashinferCombineInput*>(combine_input.get());
     MOECORE_CHECK_DTYPE(in != nullptr, api, ": expected a FlashinferCombineInput");
-    const Tensor& h = in->hidden_states;
-    const std::vector<int64_t> want = {R_ * cap_, config_.hidden_size};
-    MOECORE_CHECK_DTYPE(h.defined() && h.dtype() == DType::kBF16, api,
-                        ": expected bf16 partial outputs, got ", h.describe());
-    MOECORE_CHECK(h.view().shape_vector() == want && h.view().is_contiguous(), api,
-                  ": expected contiguous hidden_states ", shape_string(want), ", got ",
-                  h.describe());
-    partials_ = h;
+    check_combine_rows(api, "partial outputs", in->hidden_states, {R_ * cap_, config_.hidden_size});
+    partials_ = in->hidden_states;
     output_ = Tensor::zeros({cap_, config_.hidden_size}, DType::kBF16);
     return output_;
   }
@@ -212,15 +202,7 @@ class FlashinferRound : public PreparedRound {
     const int64_t L = config_.num_local_experts, k = config_.top_k;
     const int32_t* ids = topk_.topk_ids.ptr<int32_t>();
     const float* weights = topk_.topk_weights.ptr<float>();
-    for (int64_t s = 0; s < num_tokens * k; ++s)
-      MOECORE_CHECK_INDEX(ids[s] >= -1 && ids[s] < config_.num_experts, api,
-                          ": topk_ids must be in [-1, ", config_.num_experts, "), got ", ids[s],
-                          " at [", s / k, ", ", s % k, "]");
-    const auto* x = hidden_states_.ptr<uint16_t>();
-    const int64_t stride = hidden_states_.view().strides[0];
-    for (int64_t t = 0; t < num_tokens; ++t)
-      if (!staged_.codec.encode_row(x + t * stride, staged_.q_row(t), staged_.scale_row(t)))
-        staged_.codec.throw_non_finite(api, t);
+    stage_round_tokens(api, hidden_states_, topk_, num_tokens, config_.num_experts, staged_);
     exchange_.clear();
     std::fill(sent_count_.begin(), sent_count_.end(), 0);
     for (int64_t t = 0; t < num_tokens; ++t)

@@ -230,4 +230,28 @@ void check_round_buffers(const char* api, const Tensor& hidden_states,
       topk.topk_ids.describe(), " and ", topk.topk_weights.describe());
 }
 
+void check_combine_rows(const char* api, const char* what, const Tensor& hidden,
+                        const std::vector<int64_t>& shape) {
+  MOECORE_CHECK_DTYPE(hidden.defined() && hidden.dtype() == DType::kBF16, api, ": expected bf16 ",
+                      what, ", got ", hidden.describe());
+  MOECORE_CHECK(hidden.view().shape_vector() == shape && hidden.view().is_contiguous(), api,
+                ": expected contiguous hidden_states ", shape_string(shape), ", got ",
+                hidden.describe());
+}
+
+void stage_round_tokens(const char* api, const Tensor& hidden_states,
+                        const StandardTopKOutput& topk, int64_t num_tokens, int64_t num_experts,
+                        PayloadRows& staged) {
+  const int64_t k = topk.topk_ids.size(1);
+  const int32_t* ids = topk.topk_ids.ptr<int32_t>();
+  for (int64_t s = 0; s < num_tokens * k; ++s)
+    MOECORE_CHECK_INDEX(ids[s] >= -1 && ids[s] < num_experts, api, ": topk_ids must be in [-1, ",
+                        num_experts, "), got ", ids[s], " at [", s / k, ", ", s % k, "]");
+  const auto* x = hidden_states.ptr<uint16_t>();
+  const int64_t stride = hidden_states.view().strides[0];
+  for (int64_t t = 0; t < num_tokens; ++t)
+    if (!staged.codec.encode_row(x + t * stride, staged.q_row(t), staged.scale_row(t)))
+      staged.codec.throw_non_finite(api, t);
+}
+
 }  // namespace moecore

@@ -86,6 +86,18 @@ void check_round_buffers(const char* api, const Tensor& hidden_states,
                          const StandardTopKOutput& topk, int64_t hidden, int64_t top_k,
                          int64_t num_experts);
 
+/// The rows a combine reads: defined, bf16 and contiguous `shape` (`what`: "expert outputs" or
+/// "partial outputs").
+void check_combine_rows(const char* api, const char* what, const Tensor& hidden,
+                        const std::vector<int64_t>& shape);
+
+/// A prepared round's outgoing side for its first num_tokens tokens, allocation-free: checks
+/// their ids (−1 or in [0, num_experts)) and encodes their hidden rows into `staged`, refusing a
+/// row a quantized payload cannot carry, as eager dispatch does.
+void stage_round_tokens(const char* api, const Tensor& hidden_states,
+                        const StandardTopKOutput& topk, int64_t num_tokens, int64_t num_experts,
+                        PayloadRows& staged);
+
 /// Appends a trivially copyable value to a byte record.
 template <typename T>
 void append_bytes(std::vector<uint8_t>& out, const T* values, int64_t count) {
