@@ -73,6 +73,36 @@ void check_low_latency_capacity(const char* api, const DeepEPConfig& c, const in
                     " rows from this rank (duplicate ids)");
 }
 
+/// One low-latency receive record [i32 local expert][payload row] into row local·m_cap +
+/// masked[local] of `rows` (masked counts the rows per local expert); returns that row.
+int64_t receive_low_latency_record(const uint8_t* record, int64_t num_local, int64_t m_cap,
+                                   int32_t* masked, const PayloadRows& rows) {
+  int32_t local;
+  std::memcpy(&local, record, 4);
+  MOECORE_INTERNAL_CHECK(local >= 0 && local < num_local && masked[local] < m_cap,
+                         "DeepEP low-latency receive overflow");
+  const int64_t row = local * m_cap + masked[local]++;
+  rows.read_row(record + 4, row);
+  return row;
+}
+
+/// The low-latency dispatch output over received `rows` [L, m_cap] for this rank's
+/// `num_tokens` tokens; expected_m is DeepEP's hint (T·R·k + E) / E and changes no result.
+std::shared_ptr<DeepEPLLDispatchOutput> low_latency_output(const DeepEPConfig& c, int64_t ranks,
+                                                           const PayloadRows& rows,
+                                                           const StandardTopKOutput& topk,
+                                                           const Tensor& masked_m,
+                                                           int64_t num_tokens) {
+  auto out = std::make_shared<DeepEPLLDispatchOutput>();
+  out->hidden_states = rows.q;
+  out->hidden_states_scale = rows.scale;
+  out->topk_ids = topk.topk_ids;
+  out->topk_weights = topk.topk_weights;
+  out->masked_m = masked_m;
+  out->expected_m = (num_tokens * ranks * c.top_k + c.num_experts) / c.num_experts;
+  return out;
+}
+
 /// combine_b's arithmetic over one bf16 row per slot (slots contiguous bf16 [≥ T, k, H]; rows
 /// of ids −1 are not read) into the first T rows of out (contiguous bf16 [≥ T, H]),
 /// T = num_tokens:
@@ -244,25 +274,11 @@ DispatchOutputPtr DeepEPDispatcher::dispatch_b() {
     Tensor masked_m = Tensor::zeros({L}, DType::kI32);
     int32_t* masked = masked_m.ptr<int32_t>();
     for (int64_t s = 0; s < R; ++s)
-      for (int64_t i = 0; i < recv_counts[s]; ++i) {
-        const uint8_t* rec = recv[s].data() + i * record;
-        int32_t local;
-        std::memcpy(&local, rec, 4);
-        MOECORE_INTERNAL_CHECK(local >= 0 && local < L && masked[local] < m_cap,
-                               "DeepEP low-latency receive overflow");
-        const int64_t dst = local * m_cap + masked[local]++;
-        rows.read_row(rec + 4, dst);
-        received_[s].push_back(dst);
-      }
-    auto ll_out = std::make_shared<DeepEPLLDispatchOutput>();
-    ll_out->hidden_states = rows.q;
-    ll_out->hidden_states_scale = rows.scale;
-    ll_out->topk_ids = round_topk_.topk_ids;
-    ll_out->topk_weights = round_topk_.topk_weights;
-    ll_out->masked_m = masked_m;
-    const int64_t T = round_topk_.topk_ids.size(0);
-    ll_out->expected_m = (T * R * k + config_.num_experts) / config_.num_experts;
-    out = ll_out;
+      for (int64_t i = 0; i < recv_counts[s]; ++i)
+        received_[s].push_back(
+            receive_low_latency_record(recv[s].data() + i * record, L, m_cap, masked, rows));
+    out = low_latency_output(config_, R, rows, round_topk_, masked_m,
+                             round_topk_.topk_ids.size(0));
   } else {
     int64_t n_recv = 0;
     for (int64_t count : recv_counts) n_recv += count;
@@ -412,14 +428,7 @@ class DeepEPLowLatencyRound : public PreparedRound {
         received_count_(static_cast<size_t>(R_)),
         per_expert_(static_cast<size_t>(config_.num_experts)),
         slots_(Tensor::zeros({cap_, config_.top_k, config_.hidden_size}, DType::kBF16)) {
-    auto out = std::make_shared<DeepEPLLDispatchOutput>();
-    out->hidden_states = rows_.q;
-    out->hidden_states_scale = rows_.scale;
-    out->topk_ids = topk.topk_ids;
-    out->topk_weights = topk.topk_weights;
-    out->masked_m = masked_m_;
-    out->expected_m = (cap_ * R_ * config_.top_k + config_.num_experts) / config_.num_experts;
-    dispatch_output_ = out;
+    dispatch_output_ = low_latency_output(config_, R_, rows_, topk, masked_m_, cap_);
     if (config_.runner_backend == MoeRunnerBackend::DEEP_GEMM)
       reorder_ = std::make_unique<SlotReorder>(max_slots_, config_.hidden_size,
                                                config_.routed_scaling_factor);
@@ -460,14 +469,8 @@ class DeepEPLowLatencyRound : public PreparedRound {
     for (int64_t src = 0; src < R_; ++src) {
       const int64_t n = exchange_.received_bytes(src) / record_;
       for (int64_t i = 0; i < n; ++i) {
-        const uint8_t* rec = exchange_.received(src) + i * record_;
-        int32_t local;
-        std::memcpy(&local, rec, 4);
-        MOECORE_INTERNAL_CHECK(local >= 0 && local < L && masked[local] < m_cap_,
-                               "DeepEP low-latency receive overflow");
-        const int64_t dst = local * m_cap_ + masked[local]++;
-        rows_.read_row(rec + 4, dst);
-        received_[src * max_slots_ + i] = dst;
+        received_[src * max_slots_ + i] = receive_low_latency_record(
+            exchange_.received(src) + i * record_, L, m_cap_, masked, rows_);
       }
       received_count_[src] = n;
     }
