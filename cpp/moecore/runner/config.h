@@ -41,6 +41,10 @@ struct MoeRunnerConfig {
   /// moecore: the kernel level, fixed when a MoeRunner is built (nullopt there means the
   /// current level); backends pick their kernel table row from it, never per call.
   std::optional<IsaLevel> isa_level;
+
+  /// The level backends build at: isa_level, or the current level for a config that a fused
+  /// func or runner core receives directly, without a MoeRunner.
+  IsaLevel kernel_level() const { return isa_level.value_or(current_isa_level()); }
 };
 
 /// Validates the activation fields and returns the epilogue they describe (rule R15):

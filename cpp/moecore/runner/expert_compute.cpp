@@ -404,13 +404,15 @@ void run_items(const ExpertMlp& mlp, const ExpertGemm& g, const ActivationCodes&
 }
 
 // The input codes of a GEMM: `rows` [R, K] quantized in place by the GEMM's quantizer (scales
-// into `scales`), or used as they are.
-ActivationCodes quantized_input(const ExpertGemm& g, float* rows, int64_t count,
+// into `scales`), or used as they are (values of act_dtype). Every quantizer emits fp8, fp4 or
+// int8 code values, which bf16 holds exactly, as it holds bf16 activations.
+ActivationCodes quantized_input(const ExpertGemm& g, DType act_dtype, float* rows, int64_t count,
                                 std::vector<float>& scales) {
   const int64_t k = g.weight.k;
   ActivationCodes codes;
   codes.codes = rows;
   codes.ld = k;
+  codes.bf16_exact = g.quantize || act_dtype == DType::kBF16;
   if (!g.quantize) return codes;
   float* s = grown(scales, count * g.scales_per_row);
   parallel_for(count, [&](int64_t begin, int64_t end) {
@@ -462,7 +464,7 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
   parallel_for(count, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) load(rows.source[r], a + r * h);
   });
-  const ActivationCodes in = quantized_input(mlp.gemm1, a, count, ws.scales1_);
+  const ActivationCodes in = quantized_input(mlp.gemm1, mlp.act_dtype, a, count, ws.scales1_);
   plan_items(rows, mlp.gemm1.weight, schedule_parts(), ws.items_, ws.part_begin_);
   run_items(mlp, mlp.gemm1, in, rows, ws.items_, ws.part_begin_, ws.bias_, ws.scratch_,
             scale_at == RowScaleAt::kGemm1, h1, nullptr);
@@ -480,7 +482,8 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
   const ExpertRowMap& rows = ws.rows;
   const int64_t count = rows.rows();
   float* y = grown(ws.y_, count * mlp.hidden);
-  const ActivationCodes in = quantized_input(mlp.gemm2, ws.h2_.data(), count, ws.scales2_);
+  const ActivationCodes in =
+      quantized_input(mlp.gemm2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_);
   plan_items(rows, mlp.gemm2.weight, schedule_parts(), ws.items_, ws.part_begin_);
   run_items(mlp, mlp.gemm2, in, rows, ws.items_, ws.part_begin_, ws.bias_, ws.scratch_,
             scale_at == RowScaleAt::kGemm2, y, &out);

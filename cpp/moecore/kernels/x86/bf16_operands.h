@@ -1,8 +1,9 @@
 // Operands of the avx512_bf16 and amx rows of the scaled GEMM (included only by kernels/x86 files
-// built with AVX512-BF16 flags or more). Both rows multiply rows of codes in a padded K layout:
-// each K block of the weight's scale grid is padded with zeros to whole 64-byte steps, so a step
-// never straddles two blocks and padding adds exact zeros. Codes are bf16 (exact for bf16-valued
-// operands), int16 or int8 (exact integer codes for the int8 × int8 dot).
+// built with AVX512-BF16 flags or more): which operands they take, and rows of codes in a padded
+// K layout, where each K block of the weight's scale grid is padded with zeros to whole 64-byte
+// steps, so a step never straddles two blocks and padding adds exact zeros. Codes are bf16 (the
+// activation rows of bf16-exact operands), int16 or int8 (exact integer codes for the int8 × int8
+// dot).
 #pragma once
 
 #include <immintrin.h>
@@ -100,19 +101,10 @@ inline void pack_codes_row(const float* src, const PaddedK& pk, CodeType type, u
                 dst + pk.block_first_step(b) * kStepBytes);
 }
 
-/// Weight row `row` of expert e into the padded layout plus its num_blocks scales. bf16 weights
-/// are copied as they are; other codings decode exactly to fp32 first (`scratch`: K floats).
+/// Weight row `row` of expert e into the padded layout plus its num_blocks scales, decoded
+/// exactly to fp32 first (`scratch`: K floats).
 inline void pack_weight_row(const WeightOperand& w, int64_t e, int64_t row, const PaddedK& pk,
                             CodeType type, float* scratch, uint8_t* dst, float* scales) {
-  if (type == CodeType::kBf16 && w.coding == WeightCoding::kDense) {  // bf16 (bf16_operands)
-    std::memset(dst, 0, static_cast<size_t>(pk.row_bytes()));
-    const uint8_t* src = static_cast<const uint8_t*>(w.data.at({e, row, 0}));
-    for (int64_t b = 0; b < pk.num_blocks; ++b)
-      std::memcpy(dst + pk.block_first_step(b) * kStepBytes, src + 2 * b * pk.block_k,
-                  static_cast<size_t>(2 * pk.block_len(b)));
-    scales[0] = 1.0f;
-    return;
-  }
   decode_weight_row(w, e, row, scratch, scales);
   pack_codes_row(scratch, pk, type, dst);
 }

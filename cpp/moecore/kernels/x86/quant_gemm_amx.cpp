@@ -1,21 +1,22 @@
 // amx row of the scaled-GEMM table (built with AMX flags; reach it only through
-// scaled_gemm_kernel, which the ISA level offers only where the OS granted AMX). Bf16-exact
-// operands multiply with TDPBF16PS, int8 × int8 codes with TDPBSSD (exact int32). Weight rows
-// are the A operand as they are stored (bf16 rows whose K is a whole number of 64-byte steps) or
-// as decoded per block of kColumns rows into the call's GemmScratch; the activation rows, kRowChunk
-// at a time and padded with zero rows to whole pairs of tiles (results discarded), are the B
-// operand, put in VNNI order once per chunk. Each K block of the weight's scale grid accumulates in
-// its own tiles, which fold with the scales as scaled_gemm_ref does. A result depends only on its
-// own weight and activation rows, so a row's result never depends on the other rows nor on threads.
-// Other operands run the avx512 row. Working memory (Buffers) depends on the weight operand only.
+// scaled_gemm_kernel, which the ISA level offers only where the OS granted AMX). int8 × int8 codes
+// of at least kPackedIntegerMinRows rows multiply with TDPBSSD (exact int32, so bitwise equal to
+// every other row): weight rows decoded per block of kColumns rows into the call's GemmScratch
+// are the A operand; the activation rows, kRowChunk at a time and padded with zero rows to whole
+// tiles (results discarded), are the B operand, put in VNNI order once per chunk. Each K block
+// of the weight's scale grid accumulates in its own tiles, which fold with the scales as
+// scaled_gemm_ref does. Other operands run the avx512_bf16 row: its streamed weights keep decode
+// on the memory bound, where tiles over decoded weight blocks measured 1.5–2.5× slower at M = 1,
+// and batch invariance forbids choosing tiles by M (README, Kernels). Working memory (Buffers)
+// depends on the weight operand only.
 #include "moecore/kernels/x86/bf16_operands.h"
 
 namespace moecore {
 namespace {
 
 // Every tile is 16 rows × 64 bytes: A = 16 weight rows × one K step; B = one K step of 16
-// activation rows in VNNI order (dword r of B row p holds activation row r's codes of K pair
-// (bf16) or quad (int8) p); C = 16 weight rows × 16 activation rows of fp32 (int32) results.
+// activation rows in VNNI order (dword r of B row p holds activation row r's codes of K quad p);
+// C = 16 weight rows × 16 activation rows of int32 results.
 // Tiles 0-3: C of the 2 × 2 block (weight tile i, activation tile j → tile 2i + j); 4-5: A;
 // 6-7: B.
 struct alignas(64) TileConfig {
@@ -29,11 +30,11 @@ struct alignas(64) TileConfig {
 constexpr int64_t kTileRows = 16, kTileBytes = kTileRows * kStepBytes;
 constexpr int64_t kColumns = 64;  // weight rows per block (4 A tiles per K step), L2-resident
 // Activation rows put in B tiles at a time (whole pairs of tiles). Weights are decoded once per
-// chunk; the tiles multiply ~16× faster than the avx512_bf16 row, so a decoded column block is
+// chunk; the tiles multiply ~16× faster than the vector rows, so a decoded column block is
 // reused by twice its own row count before it is decoded again.
 constexpr int64_t kRowChunk = 128;
 
-// The row's working memory for codes of one type, one layout for every call on the weight operand.
+// The row's working memory, one layout for every call on the weight operand.
 struct Buffers {
   uint8_t* b_tiles;   // [kRowChunk / 16, steps] B tiles (1 KiB each)
   uint8_t* w_rows;    // [kColumns, row_bytes]: decoded weight rows; 16 activation rows while
@@ -100,49 +101,53 @@ void pack_activation_tiles(const ActivationCodes& a, int64_t m, int64_t m_padded
   }
 }
 
-// The 2 × 2 tile block over steps [s0, s1): weight tiles at a0, a1 (rows `stride` bytes apart)
-// and activation B tiles at b0, b1 (one tile per step). Results to c[4][16 × 16].
-template <bool kInteger>
+// The 2 × kBTiles tile block over steps [s0, s1): weight tiles at a0, a1 (rows `stride` bytes
+// apart) and activation B tiles at b0, b1 (one tile per step). Results to c[2 · kBTiles][16 × 16]
+// (weight tile i, activation tile j → c tile kBTiles · i + j). One B tile serves calls of up to 16
+// rows; each C tile's arithmetic is the same either way.
+template <int kBTiles>
 void tile_block(const uint8_t* a0, const uint8_t* a1, int64_t stride, const uint8_t* b0,
                 const uint8_t* b1, int64_t s0, int64_t s1, int32_t* c) {
   _tile_zero(0);
   _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  if constexpr (kBTiles == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   for (int64_t s = s0; s < s1; ++s) {
     _tile_loadd(4, a0 + s * kStepBytes, stride);
     _tile_loadd(5, a1 + s * kStepBytes, stride);
     _tile_loadd(6, b0 + s * kTileBytes, kStepBytes);
-    _tile_loadd(7, b1 + s * kTileBytes, kStepBytes);
-    if constexpr (kInteger) {
+    if constexpr (kBTiles == 2) _tile_loadd(7, b1 + s * kTileBytes, kStepBytes);
+    // (The tile numbers are the intrinsics' immediates.)
+    if constexpr (kBTiles == 2) {
       _tile_dpbssd(0, 4, 6);
       _tile_dpbssd(1, 4, 7);
       _tile_dpbssd(2, 5, 6);
       _tile_dpbssd(3, 5, 7);
     } else {
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 5, 6);
     }
   }
   _tile_stored(0, c, kStepBytes);
   _tile_stored(1, c + 256, kStepBytes);
-  _tile_stored(2, c + 512, kStepBytes);
-  _tile_stored(3, c + 768, kStepBytes);
+  if constexpr (kBTiles == 2) {
+    _tile_stored(2, c + 512, kStepBytes);
+    _tile_stored(3, c + 768, kStepBytes);
+  }
 }
 
 // Folds K block b's results c (16 rows from activation row r, of which `rows` are real, × 16
 // weight rows with block-b scales sw, `columns` mask the real ones) into out per the formula
 // with scaled_gemm_ref's operation order, one row of 16 outputs at a time.
-template <bool kInteger>
 void fold_tile(const int32_t* c, const ActivationCodes& a, int64_t r, int64_t rows,
                const float* sw, __mmask16 columns, int64_t b, int64_t nb, float alpha, float* out,
                int64_t ldo) {
   const __m512 w_scale = _mm512_loadu_ps(sw);
   for (int64_t i = 0; i < rows; ++i) {
     const __m512i dots = _mm512_load_si512(c + i * kTileRows);
-    __m512 part = kInteger ? _mm512_cvtepi32_ps(dots) : _mm512_castsi512_ps(dots);
+    __m512 part = _mm512_cvtepi32_ps(dots);
     if (a.scales != nullptr)
       part = _mm512_mul_ps(part, _mm512_set1_ps(a.scales[(r + i) * a.scales_per_row +
                                                           (a.scales_per_row == 1 ? 0 : b)]));
@@ -156,10 +161,9 @@ void fold_tile(const int32_t* c, const ActivationCodes& a, int64_t r, int64_t ro
 
 // Activation rows [0, m ≤ kRowChunk) of the call against weight rows [n0, n0 + n); the tile
 // configuration is loaded.
-template <bool kInteger>
 void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e, int64_t n0,
                 int64_t n, float* out, int64_t ldo, const PaddedK& pk, const Buffers& buffers) {
-  const CodeType type = kInteger ? CodeType::kInt8 : CodeType::kBf16;
+  const CodeType type = CodeType::kInt8;
   const int64_t row_bytes = pk.row_bytes(), steps = pk.steps(), nb = pk.num_blocks;
   const int64_t m_padded = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
   const float alpha = expert_alpha(w, e);
@@ -171,24 +175,15 @@ void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int
   for (int64_t c0 = 0; c0 < n; c0 += kColumns) {
     const int64_t cols = std::min(kColumns, n - c0);
     const int64_t col_tiles = (cols + 2 * kTileRows - 1) / (2 * kTileRows) * 2;  // whole pairs
-    // bf16 weight rows that already are the padded layout (K a whole number of steps) are the A
-    // tiles as stored; other rows decode into w_rows first.
     const uint8_t* rows = buffers.w_rows;
-    int64_t stride = row_bytes;
-    if (type == CodeType::kBf16 && w.coding == WeightCoding::kDense &&
-        w.k % pk.step_codes == 0 && cols == col_tiles * kTileRows) {
-      rows = static_cast<const uint8_t*>(w.data.at({e, n0 + c0, 0}));
-      stride = w.data.strides[1] * dtype_size(w.data.dtype);
-      std::fill(w_scales, w_scales + cols, 1.0f);
-    } else {
-      for (int64_t j = 0; j < cols; ++j) {
-        pack_weight_row(w, e, n0 + c0 + j, pk, type, buffers.decoded,
-                        buffers.w_rows + j * row_bytes, buffers.row_scales);
-        for (int64_t b = 0; b < nb; ++b) w_scales[b * kColumns + j] = buffers.row_scales[b];
-      }
-      std::memset(buffers.w_rows + cols * row_bytes, 0,
-                  static_cast<size_t>((col_tiles * kTileRows - cols) * row_bytes));
+    const int64_t stride = row_bytes;
+    for (int64_t j = 0; j < cols; ++j) {
+      pack_weight_row(w, e, n0 + c0 + j, pk, type, buffers.decoded, buffers.w_rows + j * row_bytes,
+                      buffers.row_scales);
+      for (int64_t b = 0; b < nb; ++b) w_scales[b * kColumns + j] = buffers.row_scales[b];
     }
+    std::memset(buffers.w_rows + cols * row_bytes, 0,
+                static_cast<size_t>((col_tiles * kTileRows - cols) * row_bytes));
 
     for (int64_t r0 = 0; r0 < m; r0 += 2 * kTileRows)
       for (int64_t t = 0; t < col_tiles; t += 2)
@@ -196,47 +191,49 @@ void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int
           const int64_t s0 = pk.block_first_step(b);
           const uint8_t* a0 = rows + t * kTileRows * stride;
           const uint8_t* b0 = buffers.b_tiles + r0 / kTileRows * steps * kTileBytes;
-          tile_block<kInteger>(a0, a0 + kTileRows * stride, stride, b0, b0 + steps * kTileBytes,
-                               s0, s0 + pk.block_steps(b), c);
+          // Up to 16 rows left: one B tile (the second would be all padding).
+          const int b_tiles = m - r0 > kTileRows ? 2 : 1;
+          if (b_tiles == 2)
+            tile_block<2>(a0, a0 + kTileRows * stride, stride, b0, b0 + steps * kTileBytes, s0,
+                          s0 + pk.block_steps(b), c);
+          else
+            tile_block<1>(a0, a0 + kTileRows * stride, stride, b0, nullptr, s0,
+                          s0 + pk.block_steps(b), c);
           for (int64_t ti = 0; ti < 2; ++ti)
-            for (int64_t tj = 0; tj < 2; ++tj) {
+            for (int64_t tj = 0; tj < b_tiles; ++tj) {
               const int64_t col = (t + ti) * kTileRows, r = r0 + tj * kTileRows;
               if (r >= m || col >= cols) continue;
               const int64_t real_cols = std::min(kTileRows, cols - col);
-              const int32_t* tile = c + (2 * ti + tj) * kTileRows * kTileRows;
+              const int32_t* tile = c + (b_tiles * ti + tj) * kTileRows * kTileRows;
               transpose_16x16(reinterpret_cast<const uint8_t*>(tile), kStepBytes,
                               reinterpret_cast<uint8_t*>(by_row));
-              fold_tile<kInteger>(by_row, a, r, std::min(kTileRows, m - r),
-                                  w_scales + b * kColumns + col,
-                                  static_cast<__mmask16>((1u << real_cols) - 1), b, nb, alpha,
-                                  out + r * ldo + c0 + col, ldo);
+              fold_tile(by_row, a, r, std::min(kTileRows, m - r), w_scales + b * kColumns + col,
+                        static_cast<__mmask16>((1u << real_cols) - 1), b, nb, alpha,
+                        out + r * ldo + c0 + col, ldo);
             }
         }
   }
 }
 
 // Each output depends only on its own activation row: chunks of rows are calls of their own.
-template <bool kInteger>
 void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                        int64_t n0, int64_t n, float* out, int64_t ldo) {
-  const PaddedK pk(w, kInteger ? CodeType::kInt8 : CodeType::kBf16);
+  const PaddedK pk(w, CodeType::kInt8);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_amx_scratch_bytes(w)));
   const Buffers buffers(carver, pk);
   static const TileConfig config;
   _tile_loadconfig(&config);
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
-    gemm_chunk<kInteger>(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
-                         out + r0 * ldo, ldo, pk, buffers);
+    gemm_chunk(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
+               out + r0 * ldo, ldo, pk, buffers);
   _tile_release();
 }
 
 }  // namespace
 
 size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w) {
-  // bf16 codes for any coding (bf16_operands), int8 codes for int8 weights (integer_operands);
-  // calls the avx512 row takes use its memory.
-  size_t bytes =
-      std::max(own_scratch_bytes(PaddedK(w, CodeType::kBf16)), scaled_gemm_avx512_scratch_bytes(w));
+  // int8 codes for int8 weights (integer_operands); calls the avx512_bf16 row takes use its memory.
+  size_t bytes = scaled_gemm_avx512_bf16_scratch_bytes(w);
   if (w.coding == WeightCoding::kInt8)
     bytes = std::max(bytes, own_scratch_bytes(PaddedK(w, CodeType::kInt8)));
   return bytes;
@@ -246,12 +243,9 @@ void scaled_gemm_amx(const ActivationCodes& a, int64_t m, const WeightOperand& w
                      int64_t n0, int64_t n, float* out, int64_t ldo) {
   if (integer_operands(a, w) && m >= kPackedIntegerMinRows) {
     check_activation_scales(a, w);
-    scaled_gemm_tiles<true>(a, m, w, e, n0, n, out, ldo);
-  } else if (bf16_operands(a, w)) {
-    check_activation_scales(a, w);
-    scaled_gemm_tiles<false>(a, m, w, e, n0, n, out, ldo);
+    scaled_gemm_tiles(a, m, w, e, n0, n, out, ldo);
   } else {
-    scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
+    scaled_gemm_avx512_bf16(a, m, w, e, n0, n, out, ldo);
   }
 }
 

@@ -1,47 +1,217 @@
-// avx512_bf16 row of the scaled-GEMM table (built with AVX512-BF16/VNNI flags; reach it only
-// through scaled_gemm_kernel). Bf16-exact operands multiply with VDPBF16PS; int8 × int8 codes
-// with VPDPWSSD on int16 codes (exact int32). Each dot over a K block: 16 fp32 (int32) lane sums
-// over the padded layout's 64-byte steps in increasing order, then a pairwise lane fold, so a
-// row's result never depends on the other rows of the call, nor on threads. Other operands run
-// the avx512 row. Working memory comes from the call's GemmScratch (Buffers); activation rows
-// are packed kRowChunk at a time, so it never depends on M.
+// avx512_bf16 row of the scaled GEMM table (built with AVX512-BF16/VNNI flags; reach it only
+// through scaled_gemm_kernel).
+//
+// Bf16-exact operands: the weights stream from their contract layout as in the avx512 row
+// (weight_streams.h: no copy, no per-call repacking, so decode stays on the memory bound), each
+// 32 elements decoded exactly and converted to bf16 in registers, and VDPBF16PS multiplies them
+// with the activation rows, converted to bf16 once per chunk of kRowChunk rows. Each dot over a K
+// block: 16 fp32 lane sums over 32-element steps in increasing order, then the canonical pairwise
+// fold; the blocks fold with the scales as in scaled_gemm_ref. So a row's result depends on its
+// own activation and weight rows only, never on the other rows of the call, nor on threads.
+//
+// int8 × int8 codes of at least kPackedIntegerMinRows rows: VPDPWSSD on int16 codes in the padded
+// layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other operands
+// run the avx512 row. Working memory comes from the call's GemmScratch and never depends on M.
 #include "moecore/kernels/x86/bf16_operands.h"
+#include "moecore/kernels/x86/weight_streams.h"
 
 namespace moecore {
 namespace {
 
-constexpr int64_t kColumnBlock = 64;  // weight rows decoded at a time (L2), reused by every row
-constexpr int kRows = 4, kCols = 4;    // register block: kRows × kCols accumulators
-// Activation rows packed at a time (a multiple of kRows). Weights are decoded once per chunk: the
-// decode of a column block costs about what 64 rows of dot products on it do.
+// Activation rows converted to bf16 at a time (the weights stream once per chunk).
 constexpr int64_t kRowChunk = 64;
 
-// The row's working memory, one layout for every call on the weight operand (kBf16 and kInt16
-// codes are both 2 bytes: one padded layout).
-struct Buffers {
+// ---- bf16-exact operands: streamed weights ----------------------------------------------------
+
+// Elements [k, k + 32) of channel c's weight row as 32 bf16 codes (lanes outside `mask` are +0):
+// two exact fp32 decodes, rounded to bf16 exactly (the codes are bf16 values).
+template <class Stream>
+inline __m512i load_bf16x32(const Stream& stream, int c, int64_t k, __mmask32 mask) {
+  const __m512 lo = stream.load(c, k, static_cast<__mmask16>(mask));
+  // The upper half is not read at all past the row's end (a stream may read whole groups).
+  const __m512 hi = (mask >> 16) != 0 ? stream.load(c, k + 16, static_cast<__mmask16>(mask >> 16))
+                                      : _mm512_setzero_ps();
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// bf16 weights are loaded as they are.
+template <>
+inline __m512i load_bf16x32(const DenseStream<DType::kBF16>& stream, int c, int64_t k,
+                            __mmask32 mask) {
+  return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(stream.row[c]) + k);
+}
+
+// e4m3fn codes straight to bf16 bits, exactly (fewer steps than two fp32 decodes): a normal code
+// S.EEEE.MMM is S | (EEEE.MMM << 4) + (120 << 7), its exponent rebiased from 7 to 127; the
+// subnormals 0.MMM · 2^-6 (and ±0) come from a table; the NaN codes S.1111.111 become bf16's
+// quiet NaN with their sign, as in the fp32 decoder.
+template <>
+inline __m512i load_bf16x32(const Fp8Stream& stream, int c, int64_t k, __mmask32 mask) {
+  const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, stream.row[c] + k));
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
+  __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+  const __m512i subnormals = _mm512_setr_epi32(0x3b000000, 0x3bc03b80, 0x3c203c00, 0x3c603c40, 0, 0,
+                                               0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag,
+                                    subnormals);
+  v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)),
+                            _mm512_set1_epi16(0x7fc0));
+  // v | (x << 8 & 0x8000): the sign.
+  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(x, 8),
+                                   _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xf8);
+}
+
+// Packed e2m1 straight to bf16 (fewer steps than two fp32 decodes): word 2j of the index vector
+// takes byte j's low nibble, word 2j + 1 its high nibble, and words 16–31 point into the second
+// half of a 32-entry table, the 16 e2m1 values × the block scale of elements [k, k + 16) and then
+// of [k + 16, k + 32), rounded to bf16 exactly (≤ 6 significant bits).
+template <>
+inline __m512i load_bf16x32(const Fp4Stream& stream, int c, int64_t k, __mmask32 mask) {
+  const bool upper = (mask >> 16) != 0;  // never read past the row's end
+  const uint8_t* bytes = stream.row[c] + k / 2;
+  const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
+                               : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
+  const __m512i x = _mm512_cvtepu8_epi32(packed);
+  // (x | x << 12) & 0x000f000f, then + 16 in the upper half's words.
+  const __m512i nibbles =
+      _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
+  const __m512i upper_half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x100010, 0x100010, 0x100010,
+                                               0x100010, 0x100010, 0x100010, 0x100010, 0x100010);
+  const float* scales = stream.scales[c];
+  const float lo_scale = scales[k >> stream.shift];
+  const float hi_scale = upper ? scales[(k + 16) >> stream.shift] : 0.0f;
+  const __m512bh table =
+      _mm512_cvtne2ps_pbh(_mm512_mul_ps(stream.e2m1_values, _mm512_set1_ps(hi_scale)),
+                          _mm512_mul_ps(stream.e2m1_values, _mm512_set1_ps(lo_scale)));
+  return _mm512_permutexvar_epi16(_mm512_or_si512(nibbles, upper_half),
+                                  reinterpret_cast<__m512i>(table));
+}
+
+// VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows.
+template <class Stream>
+struct Bf16Dots {
+  Stream stream;
+  const uint8_t* a;  // activation rows, pk.row_bytes() apart
+  PaddedK pk;
+  int64_t ahead = 0;  // prefetch lead (set by walk)
+
+  template <int R, int C>
+  void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    const int64_t row_bytes = pk.row_bytes();
+    const uint8_t* rows = a + r0 * row_bytes + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
+    for (int64_t i = 0; i < len; i += 32) {
+      // Each step prefetches where it reads in the next tile (steps of 4-bit and 8-bit codes
+      // share cache lines; repeats are cheap next to the decode).
+      for (int c = 0; c < C; ++c)
+        _mm_prefetch(reinterpret_cast<const char*>(stream.row[c]) +
+                         (k0 + i) * Stream::kHalfBytes / 2 + ahead,
+                     _MM_HINT_T0);
+      const __mmask32 mask =
+          len - i >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << (len - i)) - 1;
+      __m512i wv[C];
+      for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
+      for (int r = 0; r < R; ++r) {
+        const __m512i av = _mm512_loadu_si512(rows + r * row_bytes + 2 * i);
+        for (int c = 0; c < C; ++c)
+          acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(av),
+                                       reinterpret_cast<__m512bh>(wv[c]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      if constexpr (C == 4)
+        avx512::fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], part[r]);
+      else
+        for (int c = 0; c < C; ++c) part[r][c] = avx512::fold(acc[r][c]);
+    }
+  }
+};
+
+// The float path's working memory, one layout for every call on the weight operand.
+struct StreamBuffers {
+  uint8_t* a_codes;   // [kRowChunk, row_bytes]: activation rows as bf16
+  float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
+  float* fp4_scales;  // [kMaxChannels, K / group]: decoded fp4 block scales (fp4 codings)
+  StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
+      : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
+        w_scales(s.take<float>(kMaxChannels * pk.num_blocks)),
+        fp4_scales(is_fp4(w) ? s.take<float>(kMaxChannels * (w.k / fp4_group_size(w.coding)))
+                             : nullptr) {}
+  static bool is_fp4(const WeightOperand& w) {
+    return w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
+  }
+};
+
+// Rows [0, m) in chunks of kRowChunk, each converted to bf16 and walked as a call of its own.
+template <class Stream>
+void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
+                  const StreamBuffers& buffers) {
+  for (int64_t r0 = 0; r0 < call.m; r0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, call.m - r0);
+    const ActivationCodes chunk = activation_rows_from(call.a, r0);
+    for (int64_t r = 0; r < rows; ++r)
+      pack_codes_row(chunk.codes + r * chunk.ld, pk, CodeType::kBf16,
+                     buffers.a_codes + r * pk.row_bytes());
+    const Call part{
+        chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
+        call.ldo, call.nb, call.kb, call.w_scales};
+    Bf16Dots<Stream> dots{stream, buffers.a_codes, pk};
+    walk_tiles(part, dots);
+  }
+}
+
+size_t stream_scratch_bytes(const WeightOperand& w) {
+  ScratchCarver sizing;
+  [[maybe_unused]] const StreamBuffers layout(sizing, w, PaddedK(w, CodeType::kBf16));
+  return sizing.bytes();
+}
+
+void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                          int64_t n0, int64_t n, float* out, int64_t ldo) {
+  const PaddedK pk(w, CodeType::kBf16);
+  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
+  const StreamBuffers buffers(carver, w, pk);
+  const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
+  switch (w.coding) {
+    case WeightCoding::kDense:  // bf16 (bf16_operands)
+      return run_streamed(call, DenseStream<DType::kBF16>{}, pk, buffers);
+    case WeightCoding::kFp8:
+      return run_streamed(call, Fp8Stream{}, pk, buffers);
+    case WeightCoding::kInt8:
+      return run_streamed(call, Int8AsFloatStream{}, pk, buffers);
+    case WeightCoding::kNvfp4:
+    case WeightCoding::kMxfp4:
+      MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
+                             ") must be a multiple of its scale group");
+      return run_streamed(call, Fp4Stream(w.coding, w.k, buffers.fp4_scales), pk, buffers);
+  }
+  MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
+}
+
+// ---- int8 × int8 codes: packed int16 rows -----------------------------------------------------
+
+constexpr int64_t kColumnBlock = 64;  // weight rows packed at a time (L2), reused by every row
+constexpr int kRows = 4, kCols = 4;   // register block: kRows × kCols accumulators
+
+// The integer path's working memory, one layout for every call on the weight operand.
+struct PackedBuffers {
   uint8_t* a_codes;  // [kRowChunk, row_bytes]: packed activation rows
   uint8_t* w_codes;  // [kColumnBlock, row_bytes]: packed weight rows
   float* decoded;    // [K]: one weight row decoded to fp32
   float* w_scales;   // [kColumnBlock, nb]
-  Buffers(ScratchCarver& s, const PaddedK& pk)
+  PackedBuffers(ScratchCarver& s, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
         w_codes(s.take<uint8_t>(kColumnBlock * pk.row_bytes())),
         decoded(s.take<float>(pk.k)),
         w_scales(s.take<float>(kColumnBlock * pk.num_blocks)) {}
 };
 
-size_t own_scratch_bytes(const PaddedK& pk) {
+size_t packed_scratch_bytes(const WeightOperand& w) {
   ScratchCarver sizing;
-  [[maybe_unused]] const Buffers layout(sizing, pk);
+  [[maybe_unused]] const PackedBuffers layout(sizing, PaddedK(w, CodeType::kInt16));
   return sizing.bytes();
-}
-
-// Rows [0, m) of the activation codes into the padded layout; rows [m, m_padded) are zeros.
-void pack_activations(const ActivationCodes& a, int64_t m, int64_t m_padded, const PaddedK& pk,
-                      CodeType type, uint8_t* dst) {
-  const int64_t row_bytes = pk.row_bytes();
-  for (int64_t r = 0; r < m; ++r) pack_codes_row(a.codes + r * a.ld, pk, type, dst + r * row_bytes);
-  std::memset(dst + m * row_bytes, 0, static_cast<size_t>((m_padded - m) * row_bytes));
 }
 
 // Adds block b's partial dot of (row r, a weight row with scale w_scale) into *acc with the
@@ -55,17 +225,9 @@ void fold_block(float dot, const ActivationCodes& a, int64_t r, int64_t b, float
   *acc = b == 0 ? part : *acc + part;
 }
 
-float fold(__m512 v) {
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
-
-// Dots of kRows activation rows with kCols weight rows over steps [s0, s1) of the padded layout.
-template <bool kInteger>
-void dot_block(const uint8_t* a, const uint8_t* w, int64_t row_bytes, int64_t s0, int64_t s1,
-               float dots[kRows][kCols]) {
+// Exact int32 dots of kRows activation rows with kCols weight rows over steps [s0, s1).
+void int_dot_block(const uint8_t* a, const uint8_t* w, int64_t row_bytes, int64_t s0, int64_t s1,
+                   float dots[kRows][kCols]) {
   __m512i acc[kRows][kCols];
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_si512();
@@ -74,38 +236,30 @@ void dot_block(const uint8_t* a, const uint8_t* w, int64_t row_bytes, int64_t s0
     for (int i = 0; i < kRows; ++i) av[i] = _mm512_loadu_si512(a + i * row_bytes + s * kStepBytes);
     for (int j = 0; j < kCols; ++j) wv[j] = _mm512_loadu_si512(w + j * row_bytes + s * kStepBytes);
     for (int i = 0; i < kRows; ++i)
-      for (int j = 0; j < kCols; ++j) {
-        if constexpr (kInteger) {
-          acc[i][j] = _mm512_dpwssd_epi32(acc[i][j], av[i], wv[j]);
-        } else {
-          const __m512 sum = _mm512_dpbf16_ps(_mm512_castsi512_ps(acc[i][j]), (__m512bh)av[i],
-                                              (__m512bh)wv[j]);
-          acc[i][j] = _mm512_castps_si512(sum);
-        }
-      }
+      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_dpwssd_epi32(acc[i][j], av[i], wv[j]);
   }
   for (int i = 0; i < kRows; ++i)
     for (int j = 0; j < kCols; ++j)
-      dots[i][j] = kInteger ? static_cast<float>(_mm512_reduce_add_epi32(acc[i][j]))
-                            : fold(_mm512_castsi512_ps(acc[i][j]));
+      dots[i][j] = static_cast<float>(_mm512_reduce_add_epi32(acc[i][j]));
 }
 
 // Activation rows [0, m ≤ kRowChunk) of the call against weight rows [n0, n0 + n).
-void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e, int64_t n0,
-                int64_t n, float* out, int64_t ldo, bool integer, const PaddedK& pk,
-                const Buffers& buffers) {
-  const CodeType type = integer ? CodeType::kInt16 : CodeType::kBf16;
+void int_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                    int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
+                    const PackedBuffers& buffers) {
   const int64_t row_bytes = pk.row_bytes(), nb = pk.num_blocks;
   const int64_t m_padded = (m + kRows - 1) / kRows * kRows;
   const float alpha = expert_alpha(w, e);
-  pack_activations(a, m, m_padded, pk, type, buffers.a_codes);
+  for (int64_t r = 0; r < m; ++r)
+    pack_codes_row(a.codes + r * a.ld, pk, CodeType::kInt16, buffers.a_codes + r * row_bytes);
+  std::memset(buffers.a_codes + m * row_bytes, 0, static_cast<size_t>((m_padded - m) * row_bytes));
 
   for (int64_t c0 = 0; c0 < n; c0 += kColumnBlock) {
     const int64_t cols = std::min(kColumnBlock, n - c0);
     const int64_t cols_padded = (cols + kCols - 1) / kCols * kCols;
     for (int64_t c = 0; c < cols; ++c)
-      pack_weight_row(w, e, n0 + c0 + c, pk, type, buffers.decoded, buffers.w_codes + c * row_bytes,
-                      buffers.w_scales + c * nb);
+      pack_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16, buffers.decoded,
+                      buffers.w_codes + c * row_bytes, buffers.w_scales + c * nb);
     std::memset(buffers.w_codes + cols * row_bytes, 0,
                 static_cast<size_t>((cols_padded - cols) * row_bytes));
     for (int64_t r0 = 0; r0 < m; r0 += kRows)
@@ -113,12 +267,8 @@ void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int
         for (int64_t b = 0; b < nb; ++b) {
           float dots[kRows][kCols];
           const int64_t s0 = pk.block_first_step(b);
-          const uint8_t* a_rows = buffers.a_codes + r0 * row_bytes;
-          const uint8_t* w_rows = buffers.w_codes + j0 * row_bytes;
-          if (integer)
-            dot_block<true>(a_rows, w_rows, row_bytes, s0, s0 + pk.block_steps(b), dots);
-          else
-            dot_block<false>(a_rows, w_rows, row_bytes, s0, s0 + pk.block_steps(b), dots);
+          int_dot_block(buffers.a_codes + r0 * row_bytes, buffers.w_codes + j0 * row_bytes,
+                        row_bytes, s0, s0 + pk.block_steps(b), dots);
           for (int i = 0; i < kRows && r0 + i < m; ++i)
             for (int j = 0; j < kCols && j0 + j < cols; ++j) {
               float* o = out + (r0 + i) * ldo + c0 + j0 + j;
@@ -129,29 +279,36 @@ void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int
   }
 }
 
+void scaled_gemm_packed_int8(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                             int64_t n0, int64_t n, float* out, int64_t ldo) {
+  const PaddedK pk(w, CodeType::kInt16);
+  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
+  const PackedBuffers buffers(carver, pk);
+  // Each output depends only on its own activation row: chunks of rows are calls of their own.
+  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
+    int_gemm_chunk(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
+                   out + r0 * ldo, ldo, pk, buffers);
+}
+
 }  // namespace
 
 size_t scaled_gemm_avx512_bf16_scratch_bytes(const WeightOperand& w) {
-  // Both code types are 2 bytes (one padded layout); calls the avx512 row takes use its memory.
-  return std::max(own_scratch_bytes(PaddedK(w, CodeType::kBf16)),
-                  scaled_gemm_avx512_scratch_bytes(w));
+  // Calls the avx512 row takes use its memory.
+  size_t bytes = std::max(stream_scratch_bytes(w), scaled_gemm_avx512_scratch_bytes(w));
+  if (w.coding == WeightCoding::kInt8) bytes = std::max(bytes, packed_scratch_bytes(w));
+  return bytes;
 }
 
 void scaled_gemm_avx512_bf16(const ActivationCodes& a, int64_t m, const WeightOperand& w,
                              int64_t e, int64_t n0, int64_t n, float* out, int64_t ldo) {
-  const bool integer = integer_operands(a, w);
-  if (integer ? m < kPackedIntegerMinRows : !bf16_operands(a, w)) {
-    scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
-    return;
+  if (integer_operands(a, w)) {
+    if (m < kPackedIntegerMinRows) return scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
+    check_activation_scales(a, w);
+    return scaled_gemm_packed_int8(a, m, w, e, n0, n, out, ldo);
   }
+  if (!bf16_operands(a, w)) return scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
   check_activation_scales(a, w);
-  const PaddedK pk(w, integer ? CodeType::kInt16 : CodeType::kBf16);
-  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
-  const Buffers buffers(carver, pk);
-  // Each output depends only on its own activation row: chunks of rows are calls of their own.
-  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
-    gemm_chunk(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
-               out + r0 * ldo, ldo, integer, pk, buffers);
+  scaled_gemm_streamed(a, m, w, e, n0, n, out, ldo);
 }
 
 }  // namespace moecore

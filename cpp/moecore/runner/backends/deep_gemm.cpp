@@ -275,7 +275,7 @@ struct DeepGemmMlp {
 DeepGemmMlp make_mlp(const MoeRunnerConfig& config, const DeepGemmMoeQuantInfo& info) {
   DeepGemmMlp mlp;
   mlp.spec = check_config(config);
-  mlp.gemm = scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar));
+  mlp.gemm = scaled_gemm_kernel(config.kernel_level());
   mlp.w = check_weights(info);
   return mlp;
 }
@@ -377,9 +377,10 @@ void run_expert_rows(const DeepGemmMlp& mlp, const FlatRows& io, DeepGemmWorkspa
     DeepGemmWorkspace::Part& b = ws.parts[static_cast<size_t>(part)];
     for (int64_t it = begin; it < end; ++it) {
       const auto [e, r0, m] = ws.items[static_cast<size_t>(it)];
-      ActivationCodes c1;
+      ActivationCodes c1;  // fp8 code values or bf16 activations: bf16-exact
       c1.codes = b.x.data();
       c1.ld = H;
+      c1.bf16_exact = true;
       c1.scratch = &b.gemm;
       if (w.fp8) {
         const uint8_t* q = static_cast<const uint8_t*>(io.x) + r0 * H;
@@ -393,9 +394,10 @@ void run_expert_rows(const DeepGemmMlp& mlp, const FlatRows& io, DeepGemmWorkspa
       mlp.gemm(c1, m, w.w13, e, 0, 2 * I, b.h1.data(), 2 * I);
       round_in_place(b.h1.data(), m * 2 * I, DType::kBF16);
       apply_activation(mlp.spec, b.h1.data(), 2 * I, b.act.data(), I, m, I);
-      ActivationCodes c2;
+      ActivationCodes c2;  // fp8 code values or the bf16-rounded activation: bf16-exact
       c2.codes = b.act.data();
       c2.ld = I;
+      c2.bf16_exact = true;
       c2.scratch = &b.gemm;
       if (w.fp8) {
         // _silu_and_mul_post_quant_kernel: each 1×128 group to e4m3, kept as the codes' values.
@@ -686,7 +688,7 @@ class DeepGemmRunnerCore : public RunnerCore {
   explicit DeepGemmRunnerCore(const MoeRunnerConfig& config)
       : RunnerCore(config),
         spec_(check_config(config)),
-        gemm_(scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar))) {}
+        gemm_(scaled_gemm_kernel(config.kernel_level())) {}
 
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
 

@@ -14,10 +14,10 @@
 // Numeric contract (per (token, slot) routed to a local expert e; N = fc1 half width, K = hidden):
 //   weights: W = e2m1 · 2^(s − 127) per 32-block, exact in fp32 (the kMxfp4 operand folds the
 //     E8M0 scale into the codes; one K block, weight scale 1); activations stay bf16 (no
-//     quantization) but are given to the kernel row as fp32 codes without bf16_exact, so every
-//     level runs the canonical fp32 order (the avx512_bf16 and amx rows defer to avx512's).
-//   GEMM1: h1 = bf16(fp32 Σ_k x[k]·W13[n, k] + b13[n]) — fp32 accumulation in moecore's canonical
-//     order (kernels/gemm.h), bias (bf16 → fp32) added in fp32, ONE rounding to bf16 (the stored
+//     quantization), so the kernel row may multiply them in bf16 (bf16_exact).
+//   GEMM1: h1 = bf16(fp32 Σ_k x[k]·W13[n, k] + b13[n]) — fp32 accumulation in the kernel row's
+//     order (canonical, kernels/gemm.h, up to avx512; the avx512_bf16 and amx rows sum in their
+//     instructions' order), bias (bf16 → fp32) added in fp32, ONE rounding to bf16 (the stored
 //     fc1 output). Rows [0, N) of fc1 are `up`, rows [N, 2N) are `gate` (halved [up; gate]).
 //   activation (fp32, one rounding to bf16): with swiglu tensors g = min(gate, L[e]),
 //     u = clamp(up, −L[e], L[e]), h2 = bf16(g · σ(α[e]·g) · (u + β[e])), σ(z) = 1/(1 + exp(−z));
@@ -387,8 +387,9 @@ void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm,
         const int64_t m = offsets[e + 1] - offsets[e];
         check_tile_scales(w, e, r0);
         float* dst = out + offsets[e] * n_out + r0;
-        ActivationCodes rows;  // fp32 codes, not bf16_exact: the canonical fp32 order
+        ActivationCodes rows;  // bf16 activations, or the bf16-rounded fc1 activation
         rows.codes = in + offsets[e] * k_in;
+        rows.bf16_exact = true;
         rows.ld = k_in;
         rows.scratch = &part.scratch;
         gemm(rows, m, w.kernel, e, r0, kTile, dst, n_out);
@@ -643,7 +644,7 @@ class Mxfp4FusedRun : public PreparedRun {
     } else {
       args.input = x_;
     }
-    moe_ = check_moe(args, config.isa_level.value_or(IsaLevel::kScalar));
+    moe_ = check_moe(args, config.kernel_level());
     tokens_ = check_tokens(moe_, args);
     const bool given_layout = has_kernel_layout(q.kernel_layout);
     if (given_layout) check_kernel_layout(moe_, q.kernel_layout);  // part of the payload (R9 too)

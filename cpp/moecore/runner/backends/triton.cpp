@@ -172,7 +172,7 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
   const int64_t E = w.num_experts;
 
   ExpertMlp& mlp = plan.mlp;
-  mlp.gemm = scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar));
+  mlp.gemm = scaled_gemm_kernel(config.kernel_level());
   WeightOperand& o1 = mlp.gemm1.weight;
   WeightOperand& o2 = mlp.gemm2.weight;
   if (q.use_fp8_w8a8 && !q.block_shape.empty()) {
@@ -344,7 +344,7 @@ class TritonRunnerCore : public RunnerCore {
   TritonRunnerCore(const MoeRunnerConfig& config, std::shared_ptr<ExpertWorkspace> workspace)
       : RunnerCore(config),
         spec_(activation_spec(config, "MoeRunner(triton)")),
-        gemm_(scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar))),
+        gemm_(scaled_gemm_kernel(config.kernel_level())),
         workspace_(std::move(workspace)) {}
 
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::TRITON; }
@@ -439,7 +439,7 @@ class TritonPreparedRun : public PreparedRun {
     } else {
       weights_ = validated_weights(info, config, x_);
       mlp_ = dense_expert_mlp(weights_, activation_spec(config, kApi),
-                              scaled_gemm_kernel(config.isa_level.value_or(IsaLevel::kScalar)));
+                              scaled_gemm_kernel(config.kernel_level()));
     }
     const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
     MOECORE_CHECK(!config.apply_router_weight_on_input || tokens.top_k == 1,

@@ -1,0 +1,242 @@
+// The streamed tile walk of the avx512 and avx512_bf16 rows of the scaled GEMM (include only from
+// files compiled with AVX-512 flags or more; internal linkage, so each row keeps its own copy).
+//
+// Weight streams decode the backend-contract layout in registers, 16 elements at a time, exactly
+// to fp32 (no decoded copy of the weights). A Dots type turns R activation rows × C streamed
+// weight rows into R·C dot products over one K block, in its row's arithmetic; walk() runs a
+// call as tiles of C weight channels × R rows and applies quant_gemm.h's formula per tile. Each
+// output's arithmetic depends only on its own activation row and weight row, so results never
+// depend on M, on the column split or on the thread.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "moecore/core/error.h"
+#include "moecore/kernels/quant_gemm.h"
+#include "moecore/kernels/x86/avx512_lanes.h"
+
+namespace moecore {
+namespace {
+
+constexpr int kMaxChannels = 4;
+
+// 16 e4m3fn codes → fp32, exact. The code shifted into a fp16 bit pattern (S.0EEEE.MMM0000000) is
+// its value · 2^-8, subnormals included, so cvtph then × 2^8 (exact). The NaN codes S.1111.111
+// are turned into the fp16 quiet NaN, which widens to the scalar decoder's NaN (sign kept).
+inline __m512 decode_e4m3x16(const uint8_t* codes, __mmask16 mask) {
+  const __m256i t = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(mask, codes)), 7);
+  const __m256i magnitude = _mm256_set1_epi16(0x3f80);
+  const __m256i h = _mm256_and_si256(t, _mm256_set1_epi16(static_cast<int16_t>(0xbf80)));
+  // NaN lanes hold S | 0x3f80; xor with 0x4180 gives S | 0x7e00. A vector compare and one
+  // ternary logic h ^ (nan & 0x4180) (imm 0x78) keep this off the slower mask registers.
+  const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(t, magnitude), magnitude);
+  const __m256i fixed = _mm256_ternarylogic_epi32(h, nan, _mm256_set1_epi16(0x4180), 0x78);
+  return _mm512_mul_ps(_mm512_cvtph_ps(fixed), _mm512_set1_ps(256.0f));
+}
+
+// 16 e8m0 codes → fp32 2^(code − 127), exact: code 0 is the subnormal 2^-127 and 0xff
+// the scalar decoder's NaN.
+inline __m512 decode_e8m0x16(const uint8_t* codes, __mmask16 mask) {
+  const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, codes));
+  __m512i bits = _mm512_slli_epi32(c, 23);
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()),
+                               _mm512_set1_epi32(0x00400000));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xff)),
+                               _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(bits);
+}
+
+// Weight streams: bind(c, ...) points tile channel c at one weight row; load(c, i, mask) gives
+// that row's elements [i, i + 16) exactly in fp32 (lanes outside `mask` are +0); element i of
+// channel c starts at byte i · kHalfBytes / 2 of row(c).
+
+template <DType kDtype>
+struct DenseStream {
+  static constexpr int kHalfBytes = kDtype == DType::kF32 ? 8 : 4;
+  const void* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) { row[c] = w.data.at({e, r, 0}); }
+  __m512 load(int c, int64_t i, __mmask16 mask) const {
+    return avx512::load_dense16(row[c], kDtype, i, mask);
+  }
+};
+
+struct Fp8Stream {
+  static constexpr int kHalfBytes = 2;
+  const uint8_t* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
+  }
+  __m512 load(int c, int64_t i, __mmask16 mask) const { return decode_e4m3x16(row[c] + i, mask); }
+};
+
+// int8 codes against activations that are not integer codes: fp32 products like the reference.
+struct Int8AsFloatStream {
+  static constexpr int kHalfBytes = 2;
+  const int8_t* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const int8_t*>(w.data.at({e, r, 0}));
+  }
+  __m512 load(int c, int64_t i, __mmask16 mask) const {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row[c] + i)));
+  }
+};
+
+// Packed e2m1 (element 2j in the low nibble of byte j), one block scale per `group` elements
+// (a multiple of 16). Each 16 weights are a permute of the 16 e2m1 values × their block scale:
+// the products are exact (≤ 3 significant bits times a power of two or an e4m3 value), equal to
+// the reference's decoded codes.
+struct Fp4Stream {
+  static constexpr int kHalfBytes = 1;
+  Fp4Stream(WeightCoding coding, int64_t k, float* scale_buffer)
+      : coding(coding), blocks(k / fp4_group_size(coding)), scale_buffer(scale_buffer) {
+    shift = coding == WeightCoding::kNvfp4 ? 4 : 5;
+  }
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
+    const uint8_t* codes = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
+    float* s = scale_buffer + c * blocks;
+    scales[c] = s;
+    for (int64_t b = 0; b < blocks; b += 16) {
+      const __mmask16 mask = avx512::tail_mask(blocks - b);
+      _mm512_mask_storeu_ps(s + b, mask,
+                            coding == WeightCoding::kNvfp4 ? decode_e4m3x16(codes + b, mask)
+                                                           : decode_e8m0x16(codes + b, mask));
+    }
+  }
+  __m512 load(int c, int64_t i, __mmask16) const {
+    const __m512i bytes =
+        _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[c] + i / 2)));
+    // Lane 2j takes byte j (the permute reads its low nibble), lane 2j + 1 byte j >> 4.
+    const __m512i nibbles =
+        _mm512_permutex2var_epi32(bytes, interleave, _mm512_srli_epi32(bytes, 4));
+    const __m512 table = _mm512_mul_ps(e2m1_values, _mm512_set1_ps(scales[c][i >> shift]));
+    return _mm512_permutexvar_ps(nibbles, table);
+  }
+
+  WeightCoding coding;
+  int64_t blocks;  // block scales per row
+  int shift;       // log2 of the group size
+  float* scale_buffer;
+  const uint8_t* row[kMaxChannels] = {};
+  const float* scales[kMaxChannels] = {};
+  const __m512 e2m1_values = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
+                                            -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  const __m512i interleave =
+      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+};
+
+// Prefetch. The C weight rows of a tile are C short streams that the hardware prefetcher picks
+// up too late (decode rows are a few KiB). Consecutive tiles read consecutive weight rows, so
+// when element k starts a cache line, each channel fetches that line of the next tile's row,
+// `ahead` bytes further on: a whole tile of lead, whatever K.
+template <int C, int kHalfBytes, class T>
+inline void prefetch_next_tile(const T* const (&rows)[kMaxChannels], int64_t k, int64_t ahead) {
+  const int64_t byte = k * kHalfBytes / 2;
+  if ((byte & 63) != 0) return;
+  for (int c = 0; c < C; ++c)
+    _mm_prefetch(reinterpret_cast<const char*>(rows[c]) + byte + ahead, _MM_HINT_T0);
+}
+
+// One call's operands and the tile walk shared by every coding and every Dots.
+struct Call {
+  const ActivationCodes& a;
+  int64_t m;
+  const WeightOperand& w;
+  int64_t e, n0, n;
+  float* out;
+  int64_t ldo;
+  int64_t nb, kb;
+  float* w_scales;  // Buffers::w_scales
+};
+
+// R rows from r0 × C channels from c0 (nc of them real): per K block, the dots, then
+// · sa[r, b] · sw[c, b] added in block order, then · alpha.
+template <int R, int C, class Dots>
+void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
+          const float* w_scales) {
+  const ActivationCodes& a = call.a;
+  float total[R][C] = {};
+  for (int64_t b = 0; b < call.nb; ++b) {
+    const int64_t k0 = b * call.kb, len = std::min(call.kb, call.w.k - k0);
+    float part[R][C];
+    dots.template run<R, C>(r0, k0, len, part);
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) {
+        float p = part[r][c];
+        if (a.scales != nullptr)
+          p *= a.scales[(r0 + r) * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)];
+        p *= w_scales[c * call.nb + b];
+        total[r][c] = b == 0 ? p : total[r][c] + p;
+      }
+    }
+  }
+  const bool has_alpha = call.w.alpha.data != nullptr;
+  const float alpha =
+      has_alpha ? call.w.alpha.ptr<float>()[call.e * call.w.alpha.strides[0]] : 1.0f;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < nc; ++c)
+      call.out[(r0 + r) * call.ldo + c0 + c] = has_alpha ? total[r][c] * alpha : total[r][c];
+}
+
+template <int C, class Dots>
+void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t c0, int nc,
+              const float* w_scales) {
+  switch (rows) {
+    case 1:
+      return tile<1, C>(call, dots, r0, c0, nc, w_scales);
+    case 2:
+      return tile<2, C>(call, dots, r0, c0, nc, w_scales);
+    case 3:
+      return tile<3, C>(call, dots, r0, c0, nc, w_scales);
+    case 4:
+      return tile<4, C>(call, dots, r0, c0, nc, w_scales);
+  }
+  if constexpr (C <= 2) {
+    switch (rows) {
+      case 5:
+        return tile<5, C>(call, dots, r0, c0, nc, w_scales);
+      case 6:
+        return tile<6, C>(call, dots, r0, c0, nc, w_scales);
+      case 7:
+        return tile<7, C>(call, dots, r0, c0, nc, w_scales);
+      case 8:
+        return tile<8, C>(call, dots, r0, c0, nc, w_scales);
+    }
+  }
+  MOECORE_INTERNAL_CHECK(false, "row tile of ", rows, " rows");
+}
+
+// Tiles of C channels (the last one padded by repeating its final row, results dropped) × row
+// tiles; accumulators R·C ≤ 16 so they, C weight vectors and the constants stay in registers.
+template <int C, class Dots>
+void walk(const Call& call, Dots& dots) {
+  constexpr int kRows = C == 4 ? 4 : 8;
+  float* w_scales = call.w_scales;
+  dots.ahead = C * call.w.data.strides[1] * dtype_size(call.w.data.dtype);
+  for (int64_t c0 = 0; c0 < call.n; c0 += C) {
+    const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
+    for (int c = 0; c < C; ++c) {
+      const int64_t row = call.n0 + c0 + std::min(c, nc - 1);
+      dots.stream.bind(c, call.w, call.e, row);
+      weight_row_scales(call.w, call.e, row, w_scales + c * call.nb);
+    }
+    for (int64_t r0 = 0; r0 < call.m; r0 += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, call.m - r0));
+      row_tile<C>(call, dots, r0, rows, c0, nc, w_scales);
+    }
+  }
+}
+
+// Few rows (decode): 4 channels in flight, each weight vector used by ≤ 4 rows. More rows: 2
+// channels × 8 rows. Either way each output's arithmetic is the same, so results never depend on M.
+template <class Dots>
+void walk_tiles(const Call& call, Dots& dots) {
+  if (call.m <= 4)
+    walk<4>(call, dots);
+  else
+    walk<2>(call, dots);
+}
+
+}  // namespace
+}  // namespace moecore
