@@ -104,7 +104,8 @@ struct Bf16Dots {
     const uint8_t* rows = a + r0 * row_bytes + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
     for (int64_t i = 0; i < len; i += 32) {
       // Each step prefetches where it reads in the next tile (steps of 4-bit and 8-bit codes
-      // share cache lines; repeats are cheap next to the decode).
+      // share cache lines; repeats are cheap next to the decode, and a prefetch only on line
+      // starts came out of GCC's loop versioning missing from the loop that runs).
       for (int c = 0; c < C; ++c)
         _mm_prefetch(reinterpret_cast<const char*>(stream.row[c]) +
                          (k0 + i) * Stream::kHalfBytes / 2 + ahead,
