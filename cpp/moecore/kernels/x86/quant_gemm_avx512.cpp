@@ -72,12 +72,7 @@ struct FloatDots {
       step(i, static_cast<__mmask16>(0xffff));
     }
     if (i < len) step(i, avx512::tail_mask(len - i));
-    for (int r = 0; r < R; ++r) {
-      if constexpr (C == 4)
-        avx512::fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], part[r]);
-      else
-        for (int c = 0; c < C; ++c) part[r][c] = avx512::fold(acc[r][c]);
-    }
+    fold_dots(acc, part);
   }
 };
 
@@ -96,10 +91,7 @@ struct IntDots {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
     const int16_t* rows = a + r0 * lda + k0;
     for (int64_t i = 0; i < len; i += 32) {
-      // Every step (32 bytes of each row): a prefetch only on line starts came out of GCC's
-      // loop versioning missing from the loop that runs.
-      for (int c = 0; c < C; ++c)
-        _mm_prefetch(reinterpret_cast<const char*>(stream.row[c]) + k0 + i + ahead, _MM_HINT_T0);
+      prefetch_next_tile_step<C, Int8AsFloatStream::kHalfBytes>(stream.row, k0 + i, ahead);
       const __mmask32 mask =
           len - i >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << (len - i)) - 1;
       __m512i wv[C];

@@ -103,13 +103,7 @@ struct Bf16Dots {
     const int64_t row_bytes = pk.row_bytes();
     const uint8_t* rows = a + r0 * row_bytes + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
     for (int64_t i = 0; i < len; i += 32) {
-      // Each step prefetches where it reads in the next tile (steps of 4-bit and 8-bit codes
-      // share cache lines; repeats are cheap next to the decode, and a prefetch only on line
-      // starts came out of GCC's loop versioning missing from the loop that runs).
-      for (int c = 0; c < C; ++c)
-        _mm_prefetch(reinterpret_cast<const char*>(stream.row[c]) +
-                         (k0 + i) * Stream::kHalfBytes / 2 + ahead,
-                     _MM_HINT_T0);
+      prefetch_next_tile_step<C, Stream::kHalfBytes>(stream.row, k0 + i, ahead);
       const __mmask32 mask =
           len - i >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << (len - i)) - 1;
       __m512i wv[C];
@@ -121,12 +115,7 @@ struct Bf16Dots {
                                        reinterpret_cast<__m512bh>(wv[c]));
       }
     }
-    for (int r = 0; r < R; ++r) {
-      if constexpr (C == 4)
-        avx512::fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], part[r]);
-      else
-        for (int c = 0; c < C; ++c) part[r][c] = avx512::fold(acc[r][c]);
-    }
+    fold_dots(acc, part);
   }
 };
 

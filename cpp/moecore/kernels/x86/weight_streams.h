@@ -128,14 +128,35 @@ struct Fp4Stream {
 
 // Prefetch. The C weight rows of a tile are C short streams that the hardware prefetcher picks
 // up too late (decode rows are a few KiB). Consecutive tiles read consecutive weight rows, so
-// when element k starts a cache line, each channel fetches that line of the next tile's row,
-// `ahead` bytes further on: a whole tile of lead, whatever K.
+// each channel fetches the same place of the next tile's row, `ahead` bytes further on: a whole
+// tile of lead, whatever K. Element k of a row starts at byte k · kHalfBytes / 2.
+
+// Steps of 32 elements: the line holding element k, every step. (A prefetch on line starts only,
+// as below, came out of GCC's loop versioning missing from the loop that runs.)
+template <int C, int kHalfBytes, class T>
+inline void prefetch_next_tile_step(const T* const (&rows)[kMaxChannels], int64_t k,
+                                    int64_t ahead) {
+  for (int c = 0; c < C; ++c)
+    _mm_prefetch(reinterpret_cast<const char*>(rows[c]) + k * kHalfBytes / 2 + ahead, _MM_HINT_T0);
+}
+
+// Steps of 16 elements (several per line for 8- and 4-bit codes): only when element k starts a
+// cache line.
 template <int C, int kHalfBytes, class T>
 inline void prefetch_next_tile(const T* const (&rows)[kMaxChannels], int64_t k, int64_t ahead) {
-  const int64_t byte = k * kHalfBytes / 2;
-  if ((byte & 63) != 0) return;
-  for (int c = 0; c < C; ++c)
-    _mm_prefetch(reinterpret_cast<const char*>(rows[c]) + byte + ahead, _MM_HINT_T0);
+  if ((k * kHalfBytes / 2 & 63) == 0) prefetch_next_tile_step<C, kHalfBytes>(rows, k, ahead);
+}
+
+/// The dots of R × C accumulators of 16 fp32 lane sums, each folded in the canonical pairwise
+/// order.
+template <int R, int C>
+inline void fold_dots(const __m512 (&acc)[R][C], float (&part)[R][C]) {
+  for (int r = 0; r < R; ++r) {
+    if constexpr (C == 4)
+      avx512::fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], part[r]);
+    else
+      for (int c = 0; c < C; ++c) part[r][c] = avx512::fold(acc[r][c]);
+  }
 }
 
 // One call's operands and the tile walk shared by every coding and every Dots.
