@@ -103,6 +103,11 @@ struct Fp4Stream {
                             coding == WeightCoding::kNvfp4 ? decode_e4m3x16(codes + b, mask)
                                                            : decode_e8m0x16(codes + b, mask));
     }
+    // The scale rows are a stream of their own, read in short bursts: fetch the row that
+    // channel c binds in the next tile (kMaxChannels rows on; weights prefetch in the dots).
+    const uint8_t* next = codes + kMaxChannels * w.scale.strides[1];
+    for (int64_t b = 0; b < blocks; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
   }
   __m512 load(int c, int64_t i, __mmask16) const {
     const __m512i bytes =
