@@ -33,14 +33,10 @@ struct Buffers {
   int16_t* a16;       // [kIntRowChunk, int16_row_length(K)] + 32: widened int8 codes (kInt8)
   Buffers(ScratchCarver& s, const WeightOperand& w)
       : w_scales(s.take<float>(kMaxChannels * w.num_k_blocks())),
-        fp4_scales(is_fp4(w) ? s.take<float>(kMaxChannels * (w.k / fp4_group_size(w.coding)))
-                             : nullptr),
+        fp4_scales(s.take<float>(fp4_scale_buffer_floats(w))),
         a16(w.coding == WeightCoding::kInt8
                 ? s.take<int16_t>(kIntRowChunk * int16_row_length(w.k) + 32)
                 : nullptr) {}
-  static bool is_fp4(const WeightOperand& w) {
-    return w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
-  }
 };
 
 // Canonical fp32 dots of R activation rows × C streamed weight rows over K range [k0, k0 + len).

@@ -28,7 +28,7 @@ constexpr int64_t kRowChunk = 64;
 template <class Stream>
 inline __m512i load_bf16x32(const Stream& stream, int c, int64_t k, __mmask32 mask) {
   const __m512 lo = stream.load(c, k, static_cast<__mmask16>(mask));
-  // The upper half is not read at all past the row's end (a stream may read whole groups).
+  // The upper half is not read at all past the row's end.
   const __m512 hi = (mask >> 16) != 0 ? stream.load(c, k + 16, static_cast<__mmask16>(mask >> 16))
                                       : _mm512_setzero_ps();
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
@@ -127,11 +127,7 @@ struct StreamBuffers {
   StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
         w_scales(s.take<float>(kMaxChannels * pk.num_blocks)),
-        fp4_scales(is_fp4(w) ? s.take<float>(kMaxChannels * (w.k / fp4_group_size(w.coding)))
-                             : nullptr) {}
-  static bool is_fp4(const WeightOperand& w) {
-    return w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
-  }
+        fp4_scales(s.take<float>(fp4_scale_buffer_floats(w))) {}
 };
 
 // Rows [0, m) in chunks of kRowChunk, each converted to bf16 and walked as a call of its own.

@@ -82,6 +82,13 @@ struct Int8AsFloatStream {
   }
 };
 
+/// The floats an Fp4Stream needs for its decoded block scales (kMaxChannels rows of them), 0 for
+/// other codings.
+inline int64_t fp4_scale_buffer_floats(const WeightOperand& w) {
+  const bool fp4 = w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
+  return fp4 ? kMaxChannels * (w.k / fp4_group_size(w.coding)) : 0;
+}
+
 // Packed e2m1 (element 2j in the low nibble of byte j), one block scale per `group` elements
 // (a multiple of 16). Each 16 weights are a permute of the 16 e2m1 values × their block scale:
 // the products are exact (≤ 3 significant bits times a power of two or an e4m3 value), equal to
@@ -137,7 +144,7 @@ struct Fp4Stream {
 // tile of lead, whatever K. Element k of a row starts at byte k · kHalfBytes / 2.
 
 // Steps of 32 elements: the line holding element k, every step. (A prefetch on line starts only,
-// as below, came out of GCC's loop versioning missing from the loop that runs.)
+// as prefetch_next_tile does, came out of GCC's loop versioning missing from the loop that runs.)
 template <int C, int kHalfBytes, class T>
 inline void prefetch_next_tile_step(const T* const (&rows)[kMaxChannels], int64_t k,
                                     int64_t ahead) {
