@@ -232,6 +232,31 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
   }
 }
 
+// Long rows (K = 8192): a call of 17 rows decodes the weights once per block of columns (16 of
+// them at this K) into working memory; every output equals its row's call alone, which streams
+// the weights, and the reference within tolerance.
+TEST_P(QuantGemmBf16Test, ColumnBlocksDecodedOnceGiveTheStreamedBits) {
+  const auto [level, c] = GetParam();
+  std::mt19937 rng(13);
+  const int64_t m = 17, n = 40, k = 8192, e = 1;
+  const Operand op = make_operand(rng, c, n, k);
+  const Activations a = make_activations(rng, c, m, op.w);
+  const ScaledGemmFn kernel = scaled_gemm_kernel(level);
+  std::vector<float> out(m * n), ref(m * n);
+  kernel(a.view, m, op.w, e, 0, n, out.data(), n);
+  scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
+  const std::vector<double> magnitude = term_magnitudes(a.view, m, op.w, e);
+  for (int64_t r = 0; r < m; ++r) {
+    std::vector<float> alone(n);
+    kernel(row_alone(a.view, r), 1, op.w, e, 0, n, alone.data(), n);
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(out[r * n + j], alone[j]) << "row " << r << " column " << j;
+      ASSERT_NEAR(out[r * n + j], ref[r * n + j], kTolerance * (1.0 + magnitude[r * n + j]))
+          << "row " << r << " column " << j;
+    }
+  }
+}
+
 TEST_P(QuantGemmBf16Test, ActivationsNotBf16ExactRunTheCanonicalRow) {
   const auto [level, c] = GetParam();
   if (c == Case::kInt8Int8) GTEST_SKIP() << "int8 codes are exact at every level";

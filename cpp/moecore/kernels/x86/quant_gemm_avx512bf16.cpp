@@ -4,7 +4,9 @@
 // Bf16-exact operands: the weights stream from their contract layout as in the avx512 row
 // (weight_streams.h: no copy, no per-call repacking, so decode stays on the memory bound), each
 // 32 elements decoded exactly and converted to bf16 in registers, and VDPBF16PS multiplies them
-// with the activation rows, converted to bf16 once per chunk of kRowChunk rows. Each dot over a K
+// with the activation rows, converted to bf16 once per chunk of kRowChunk rows. Chunks of more
+// rows than a row tile decode each block of columns once into working memory instead
+// (walk_decoded), which the dots read as the same bf16 vectors. Each dot over a K
 // block: 16 fp32 lane sums over 32-element steps in increasing order, then the canonical pairwise
 // fold; the blocks fold with the scales as in scaled_gemm_ref. So a row's result depends on its
 // own activation and weight rows only, never on the other rows of the call, nor on threads.
@@ -87,6 +89,28 @@ inline __m512i load_bf16x32(const Fp4Stream& stream, int c, int64_t k, __mmask32
                                   reinterpret_cast<__m512i>(table));
 }
 
+// Weight rows already decoded: the exact vectors load_bf16x32 gave for them, element k at byte 2k
+// of a row (rows row_bytes apart in the call's scratch, from weight row first_row on).
+struct DecodedStream {
+  static constexpr int kHalfBytes = 4;
+  const uint8_t* base;
+  int64_t row_bytes, first_row;
+  const uint8_t* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand&, int64_t, int64_t r) {
+    row[c] = base + (r - first_row) * row_bytes;
+  }
+};
+
+inline int64_t stream_row_stride(const DecodedStream& stream, const WeightOperand&) {
+  return stream.row_bytes;
+}
+
+// Unmasked: the stored vector holds what the decode gave for these lanes (zeros past the end).
+template <>
+inline __m512i load_bf16x32(const DecodedStream& stream, int c, int64_t k, __mmask32) {
+  return _mm512_loadu_si512(stream.row[c] + 2 * k);
+}
+
 // VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows.
 template <class Stream>
 struct Bf16Dots {
@@ -119,16 +143,68 @@ struct Bf16Dots {
   }
 };
 
+// ---- Decoding once per column block ------------------------------------------------------------
+// Chunks of more rows than one row tile of the walk (8) decode fp8, fp4 and int8 weights once per
+// block of columns into bf16 rows in scratch, instead of once per row tile, then walk the
+// block's decoded rows. The dots read the same bf16 vectors either way, so
+// not a bit changes: results still depend on neither M nor the chunking. Blocks are sized to
+// stay in L2 beside the chunk's activation rows.
+constexpr int64_t kDecodeOnceRows = 9, kDecodedBlockBytes = 256 << 10;
+
+// Weights that are decoded (not bf16 as stored) and whose K blocks start on whole 32-element
+// steps, so a decoded row can hold element k at byte 2k.
+bool decodes_once(const WeightOperand& w) {
+  return w.coding != WeightCoding::kDense && (w.num_k_blocks() == 1 || w.k_block() % 32 == 0);
+}
+int64_t decoded_row_bytes(const WeightOperand& w) { return (w.k + 31) / 32 * kStepBytes; }
+int64_t decoded_columns(const WeightOperand& w) {
+  return std::clamp<int64_t>(kDecodedBlockBytes / decoded_row_bytes(w), kMaxChannels, 64);
+}
+
 // The float path's working memory, one layout for every call on the weight operand.
 struct StreamBuffers {
   uint8_t* a_codes;   // [kRowChunk, row_bytes]: activation rows as bf16
   float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
   float* fp4_scales;  // [kMaxChannels, K / group]: decoded fp4 block scales (fp4 codings)
+  uint8_t* w_decoded;  // [decoded_columns, decoded_row_bytes] when decodes_once(w)
   StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
         w_scales(s.take<float>(kMaxChannels * pk.num_blocks)),
-        fp4_scales(s.take<float>(fp4_scale_buffer_floats(w))) {}
+        fp4_scales(s.take<float>(fp4_scale_buffer_floats(w))),
+        w_decoded(
+            s.take<uint8_t>(decodes_once(w) ? decoded_columns(w) * decoded_row_bytes(w) : 0)) {}
 };
+
+// The call's weight rows, a block of decoded_columns at a time: decoded (each row read in order,
+// the next one prefetched a row ahead), then walked.
+template <class Stream>
+void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
+                  const StreamBuffers& buffers) {
+  const WeightOperand& w = call.w;
+  const int64_t row_bytes = decoded_row_bytes(w), block = decoded_columns(w);
+  const int64_t ahead = stream_row_stride(stream, w);
+  for (int64_t c0 = 0; c0 < call.n; c0 += block) {
+    const int64_t cols = std::min(block, call.n - c0);
+    for (int64_t j = 0; j < cols; ++j) {
+      stream.bind(0, w, call.e, call.n0 + c0 + j);
+      uint8_t* row = buffers.w_decoded + j * row_bytes;
+      for (int64_t b = 0; b < call.nb; ++b) {  // the dots' steps: k0 + i, masked at the block end
+        const int64_t k0 = b * call.kb, len = std::min(call.kb, w.k - k0);
+        for (int64_t i = 0; i < len; i += 32) {
+          prefetch_next_tile_step<1, Stream::kHalfBytes>(stream.row, k0 + i, ahead);
+          const __mmask32 mask = len - i >= 32 ? ~static_cast<__mmask32>(0)
+                                               : (static_cast<__mmask32>(1) << (len - i)) - 1;
+          _mm512_store_si512(row + 2 * (k0 + i), load_bf16x32(stream, 0, k0 + i, mask));
+        }
+      }
+    }
+    const Call part{call.a,        call.m,   call.w,  call.e,  call.n0 + c0, cols,
+                    call.out + c0, call.ldo, call.nb, call.kb, call.w_scales};
+    Bf16Dots<DecodedStream> dots{DecodedStream{buffers.w_decoded, row_bytes, call.n0 + c0},
+                                 buffers.a_codes, pk};
+    walk_tiles(part, dots);
+  }
+}
 
 // Rows [0, m) in chunks of kRowChunk, each converted to bf16 and walked as a call of its own.
 template <class Stream>
@@ -143,8 +219,12 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
     const Call part{
         chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
         call.ldo, call.nb, call.kb, call.w_scales};
-    Bf16Dots<Stream> dots{stream, buffers.a_codes, pk};
-    walk_tiles(part, dots);
+    if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
+      walk_decoded(part, stream, pk, buffers);
+    } else {
+      Bf16Dots<Stream> dots{stream, buffers.a_codes, pk};
+      walk_tiles(part, dots);
+    }
   }
 }
 

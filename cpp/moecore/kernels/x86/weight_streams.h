@@ -138,6 +138,12 @@ struct Fp4Stream {
       _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
 };
 
+/// Bytes from one weight row of a stream to the next (the contract layout's row stride).
+template <class Stream>
+inline int64_t stream_row_stride(const Stream&, const WeightOperand& w) {
+  return w.data.strides[1] * dtype_size(w.data.dtype);
+}
+
 // Prefetch. The C weight rows of a tile are C short streams that the hardware prefetcher picks
 // up too late (decode rows are a few KiB). Consecutive tiles read consecutive weight rows, so
 // each channel fetches the same place of the next tile's row, `ahead` bytes further on: a whole
@@ -246,7 +252,7 @@ template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
   constexpr int kRows = C == 4 ? 4 : 8;
   float* w_scales = call.w_scales;
-  dots.ahead = C * call.w.data.strides[1] * dtype_size(call.w.data.dtype);
+  dots.ahead = C * stream_row_stride(dots.stream, call.w);
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
     const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
     for (int c = 0; c < C; ++c) {
