@@ -101,12 +101,29 @@ inline void pack_codes_row(const float* src, const PaddedK& pk, CodeType type, u
                 dst + pk.block_first_step(b) * kStepBytes);
 }
 
-/// Weight row `row` of expert e into the padded layout plus its num_blocks scales, decoded
-/// exactly to fp32 first (`scratch`: K floats).
-inline void pack_weight_row(const WeightOperand& w, int64_t e, int64_t row, const PaddedK& pk,
-                            CodeType type, float* scratch, uint8_t* dst, float* scales) {
-  decode_weight_row(w, e, row, scratch, scales);
-  pack_codes_row(scratch, pk, type, dst);
+/// Row `row` of expert e's int8 weights (kInt8 coding) into the padded layout as int8 or int16
+/// codes, straight from the stored bytes, plus its num_blocks scales.
+inline void pack_int8_weight_row(const WeightOperand& w, int64_t e, int64_t row, const PaddedK& pk,
+                                 CodeType type, uint8_t* dst, float* scales) {
+  MOECORE_INTERNAL_CHECK(w.coding == WeightCoding::kInt8 && type != CodeType::kBf16,
+                         "int8 weights pack as int8 or int16 codes");
+  weight_row_scales(w, e, row, scales);
+  const int8_t* codes = static_cast<const int8_t*>(w.data.at({e, row, 0}));
+  std::memset(dst, 0, static_cast<size_t>(pk.row_bytes()));
+  for (int64_t b = 0; b < pk.num_blocks; ++b) {
+    const int8_t* src = codes + b * pk.block_k;
+    uint8_t* out = dst + pk.block_first_step(b) * kStepBytes;
+    const int64_t len = pk.block_len(b);
+    for (int64_t i = 0; i < len; i += 32) {
+      const __mmask32 mask =
+          len - i >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << (len - i)) - 1;
+      const __m256i bytes = _mm256_maskz_loadu_epi8(mask, src + i);
+      if (type == CodeType::kInt8)
+        _mm256_mask_storeu_epi8(out + i, mask, bytes);
+      else
+        _mm512_mask_storeu_epi16(out + 2 * i, mask, _mm512_cvtepi8_epi16(bytes));
+    }
+  }
 }
 
 /// The per-expert post scale (1 when the operand has none).

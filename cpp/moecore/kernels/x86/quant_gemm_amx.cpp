@@ -1,13 +1,13 @@
 // amx row of the scaled-GEMM table (built with AMX flags; reach it only through
 // scaled_gemm_kernel, which the ISA level offers only where the OS granted AMX). int8 × int8 codes
 // of at least kPackedIntegerMinRows rows multiply with TDPBSSD (exact int32, so bitwise equal to
-// every other row): weight rows decoded per block of kColumns rows into the call's GemmScratch
-// are the A operand; the activation rows, kRowChunk at a time and padded with zero rows to whole
-// tiles (results discarded), are the B operand, put in VNNI order once per chunk. Each K block
-// of the weight's scale grid accumulates in its own tiles, which fold with the scales as
-// scaled_gemm_ref does. Other operands run the avx512_bf16 row: its streamed weights keep decode
-// on the memory bound, where tiles over decoded weight blocks measured 1.5–2.5× slower at M = 1,
-// and batch invariance forbids choosing tiles by M (README, Kernels). Working memory (Buffers)
+// every other row): weight rows packed (int8 codes as stored) per block of kColumns rows into the
+// call's GemmScratch are the A operand; the activation rows, kRowChunk at a time and padded with
+// zero rows to whole tiles (results discarded), are the B operand, put in VNNI order once per
+// chunk. Each K block of the weight's scale grid accumulates in its own tiles, which fold with the
+// scales as scaled_gemm_ref does. Other operands run the avx512_bf16 row: its streamed weights keep
+// decode on the memory bound, where tiles over decoded weight blocks measured 1.5–2.5× slower at M
+// = 1, and batch invariance forbids choosing tiles by M (README, Kernels). Working memory (Buffers)
 // depends on the weight operand only.
 #include "moecore/kernels/x86/bf16_operands.h"
 
@@ -37,15 +37,13 @@ constexpr int64_t kRowChunk = 128;
 // The row's working memory, one layout for every call on the weight operand.
 struct Buffers {
   uint8_t* b_tiles;   // [kRowChunk / 16, steps] B tiles (1 KiB each)
-  uint8_t* w_rows;    // [kColumns, row_bytes]: decoded weight rows; 16 activation rows while
+  uint8_t* w_rows;    // [kColumns, row_bytes]: packed weight rows; 16 activation rows while
                       // the B tiles are packed
-  float* decoded;     // [K]: one weight row decoded to fp32
   float* row_scales;  // [nb]
   float* w_scales;    // [nb, kColumns]
   Buffers(ScratchCarver& s, const PaddedK& pk)
       : b_tiles(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
         w_rows(s.take<uint8_t>(kColumns * pk.row_bytes())),
-        decoded(s.take<float>(pk.k)),
         row_scales(s.take<float>(pk.num_blocks)),
         w_scales(s.take<float>(kColumns * pk.num_blocks)) {}
 };
@@ -178,8 +176,8 @@ void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int
     const uint8_t* rows = buffers.w_rows;
     const int64_t stride = row_bytes;
     for (int64_t j = 0; j < cols; ++j) {
-      pack_weight_row(w, e, n0 + c0 + j, pk, type, buffers.decoded, buffers.w_rows + j * row_bytes,
-                      buffers.row_scales);
+      pack_int8_weight_row(w, e, n0 + c0 + j, pk, type, buffers.w_rows + j * row_bytes,
+                           buffers.row_scales);
       for (int64_t b = 0; b < nb; ++b) w_scales[b * kColumns + j] = buffers.row_scales[b];
     }
     std::memset(buffers.w_rows + cols * row_bytes, 0,

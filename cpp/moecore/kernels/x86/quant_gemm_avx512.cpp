@@ -46,6 +46,7 @@ struct FloatDots {
   const float* a;
   int64_t lda;
   int64_t ahead = 0;  // prefetch lead (set by walk)
+  static constexpr bool kLaneSums = false;  // canonical: each block's dot folded (tile)
 
   template <int R, int C>
   void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
@@ -79,6 +80,7 @@ struct IntDots {
   const int16_t* a;
   int64_t lda;
   int64_t ahead = 0;  // prefetch lead (set by walk)
+  static constexpr bool kLaneSums = false;  // canonical: each block's dot folded (tile)
 
   template <int R, int C>
   void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {

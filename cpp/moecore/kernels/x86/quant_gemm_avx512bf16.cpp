@@ -6,10 +6,11 @@
 // 32 elements decoded exactly and converted to bf16 in registers, and VDPBF16PS multiplies them
 // with the activation rows, converted to bf16 once per chunk of kRowChunk rows. Chunks of more
 // rows than a row tile decode each block of columns once into working memory instead
-// (walk_decoded), which the dots read as the same bf16 vectors. Each dot over a K
-// block: 16 fp32 lane sums over 32-element steps in increasing order, then the canonical pairwise
-// fold; the blocks fold with the scales as in scaled_gemm_ref. So a row's result depends on its
-// own activation and weight rows only, never on the other rows of the call, nor on threads.
+// (walk_decoded), which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32
+// lane sums over 32-element steps in increasing order, scaled by sa[r, b] · sw[c, b] and added
+// lane by lane in block order; then one canonical pairwise fold, · alpha (tile_lane_sums). So a
+// row's result depends on its own activation and weight rows only, never on the other rows of
+// the call, nor on threads.
 //
 // int8 × int8 codes of at least kPackedIntegerMinRows rows: VPDPWSSD on int16 codes in the padded
 // layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other operands
@@ -111,17 +112,18 @@ inline __m512i load_bf16x32(const DecodedStream& stream, int c, int64_t k, __mma
   return _mm512_loadu_si512(stream.row[c] + 2 * k);
 }
 
-// VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows.
+// VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows: the 16
+// lane sums of each over one K block (tile_lane_sums scales and folds them).
 template <class Stream>
 struct Bf16Dots {
   Stream stream;
   const uint8_t* a;  // activation rows, pk.row_bytes() apart
   PaddedK pk;
   int64_t ahead = 0;  // prefetch lead (set by walk)
+  static constexpr bool kLaneSums = true;
 
   template <int R, int C>
-  void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
-    __m512 acc[R][C];
+  void lanes(int64_t r0, int64_t k0, int64_t len, __m512 (&acc)[R][C]) const {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     const int64_t row_bytes = pk.row_bytes();
@@ -139,7 +141,6 @@ struct Bf16Dots {
                                        reinterpret_cast<__m512bh>(wv[c]));
       }
     }
-    fold_dots(acc, part);
   }
 };
 
@@ -265,12 +266,10 @@ constexpr int kRows = 4, kCols = 4;   // register block: kRows × kCols accumula
 struct PackedBuffers {
   uint8_t* a_codes;  // [kRowChunk, row_bytes]: packed activation rows
   uint8_t* w_codes;  // [kColumnBlock, row_bytes]: packed weight rows
-  float* decoded;    // [K]: one weight row decoded to fp32
   float* w_scales;   // [kColumnBlock, nb]
   PackedBuffers(ScratchCarver& s, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
         w_codes(s.take<uint8_t>(kColumnBlock * pk.row_bytes())),
-        decoded(s.take<float>(pk.k)),
         w_scales(s.take<float>(kColumnBlock * pk.num_blocks)) {}
 };
 
@@ -324,8 +323,8 @@ void int_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w,
     const int64_t cols = std::min(kColumnBlock, n - c0);
     const int64_t cols_padded = (cols + kCols - 1) / kCols * kCols;
     for (int64_t c = 0; c < cols; ++c)
-      pack_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16, buffers.decoded,
-                      buffers.w_codes + c * row_bytes, buffers.w_scales + c * nb);
+      pack_int8_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16, buffers.w_codes + c * row_bytes,
+                           buffers.w_scales + c * nb);
     std::memset(buffers.w_codes + cols * row_bytes, 0,
                 static_cast<size_t>((cols_padded - cols) * row_bytes));
     for (int64_t r0 = 0; r0 < m; r0 += kRows)

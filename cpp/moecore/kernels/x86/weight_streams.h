@@ -189,11 +189,55 @@ struct Call {
   float* w_scales;  // Buffers::w_scales
 };
 
-// R rows from r0 × C channels from c0 (nc of them real): per K block, the dots, then
+// Writes R × C outputs (nc channels real), each total · alpha.
+template <int R, int C>
+void store_tile(const Call& call, const float (&total)[R][C], int64_t r0, int64_t c0, int nc) {
+  const bool has_alpha = call.w.alpha.data != nullptr;
+  const float alpha =
+      has_alpha ? call.w.alpha.ptr<float>()[call.e * call.w.alpha.strides[0]] : 1.0f;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < nc; ++c)
+      call.out[(r0 + r) * call.ldo + c0 + c] = has_alpha ? total[r][c] * alpha : total[r][c];
+}
+
+// The scale of K block b for row r and channel c: sa[r, b] · sw[c, b] (sa = 1 when absent).
+inline float block_scale(const Call& call, int64_t r, int64_t b, float w_scale) {
+  const ActivationCodes& a = call.a;
+  return a.scales != nullptr
+             ? a.scales[r * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)] * w_scale
+             : w_scale;
+}
+
+// Dots that sum in their own instruction order (Dots::kLaneSums; the avx512_bf16 row) keep each
+// output's 16 lane sums across the K blocks, each block's scaled by sa[r, b] · sw[c, b] and added
+// lane by lane (one FMA), and fold them once at the end: a fold per block would cost more than
+// the block's dots when blocks are short (fp8's 128) and tiles have 8 rows.
+template <int R, int C, class Dots>
+void tile_lane_sums(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
+                    const float* w_scales) {
+  __m512 total[R][C];
+  for (int64_t b = 0; b < call.nb; ++b) {
+    const int64_t k0 = b * call.kb, len = std::min(call.kb, call.w.k - k0);
+    __m512 acc[R][C];
+    dots.template lanes<R, C>(r0, k0, len, acc);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        const __m512 scale =
+            _mm512_set1_ps(block_scale(call, r0 + r, b, w_scales[c * call.nb + b]));
+        total[r][c] = b == 0 ? _mm512_mul_ps(acc[r][c], scale)
+                             : _mm512_fmadd_ps(acc[r][c], scale, total[r][c]);
+      }
+  }
+  float folded[R][C];
+  fold_dots(total, folded);
+  store_tile(call, folded, r0, c0, nc);
+}
+
+// The canonical order (Dots::run folds each block's dot): per K block, the dot, then
 // · sa[r, b] · sw[c, b] added in block order, then · alpha.
 template <int R, int C, class Dots>
-void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
-          const float* w_scales) {
+void tile_block_dots(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
+                     const float* w_scales) {
   const ActivationCodes& a = call.a;
   float total[R][C] = {};
   for (int64_t b = 0; b < call.nb; ++b) {
@@ -210,12 +254,17 @@ void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
       }
     }
   }
-  const bool has_alpha = call.w.alpha.data != nullptr;
-  const float alpha =
-      has_alpha ? call.w.alpha.ptr<float>()[call.e * call.w.alpha.strides[0]] : 1.0f;
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < nc; ++c)
-      call.out[(r0 + r) * call.ldo + c0 + c] = has_alpha ? total[r][c] * alpha : total[r][c];
+  store_tile(call, total, r0, c0, nc);
+}
+
+// R rows from r0 × C channels from c0 (nc of them real), in the Dots' order.
+template <int R, int C, class Dots>
+void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
+          const float* w_scales) {
+  if constexpr (Dots::kLaneSums)
+    tile_lane_sums<R, C>(call, dots, r0, c0, nc, w_scales);
+  else
+    tile_block_dots<R, C>(call, dots, r0, c0, nc, w_scales);
 }
 
 template <int C, class Dots>
