@@ -6,9 +6,9 @@
 // zero rows to whole tiles (results discarded), are the B operand, put in VNNI order once per
 // chunk. Each K block of the weight's scale grid accumulates in its own tiles, which fold with the
 // scales as scaled_gemm_ref does. Other operands run the avx512_bf16 row: its streamed weights keep
-// decode on the memory bound, where tiles over decoded weight blocks measured 1.5–2.5× slower at M
-// = 1, and batch invariance forbids choosing tiles by M (README, Kernels). Working memory (Buffers)
-// depends on the weight operand only.
+// decode on the memory bound, where two designs of tiles over decoded weight blocks measured
+// 1.2–2.5× slower at one token, and batch invariance forbids choosing tiles by M (README,
+// Kernels). Working memory (Buffers) depends on the weight operand only.
 #include "moecore/kernels/x86/bf16_operands.h"
 
 namespace moecore {
