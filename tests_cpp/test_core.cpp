@@ -1,7 +1,10 @@
 // Core types: generated enums, dtype table, TensorView/Tensor, env knobs, error types.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "moecore/core/dtype.h"
 #include "moecore/core/enums.h"
@@ -57,6 +60,32 @@ TEST(TensorTest, AllocationIsAlignedAndViewsDescribeThemselves) {
   EXPECT_THROW(Tensor::empty({-1, 2}, DType::kF32), InvalidArgument);
   EXPECT_THROW(Tensor::empty({int64_t(1) << 40, int64_t(1) << 40}, DType::kF32), InvalidArgument);
 }
+
+#ifdef __linux__
+// The VmFlags of the mapping that holds `address` (/proc/self/smaps), or "" when none does.
+std::string mapping_flags(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find('-') < 17)
+      inside = begin <= at && at < end;
+    else if (inside && line.rfind("VmFlags:", 0) == 0)
+      return line;
+  }
+  return "";
+}
+
+TEST(TensorTest, LargeTensorsAskForHugePages) {
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"))
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  const Tensor weights = Tensor::empty({16, 1 << 20}, DType::kU8);  // 16 MiB
+  const std::string flags = mapping_flags(weights.ptr<uint8_t>() + (8 << 20));
+  ASSERT_FALSE(flags.empty()) << "no mapping holds the tensor";
+  EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
+}
+#endif
 
 TEST(TensorTest, RowStridedViewsAndCopies) {
   Tensor big = Tensor::empty({4, 8}, DType::kF32);
