@@ -3,8 +3,9 @@
 //
 // Weight streams decode the backend-contract layout in registers, 16 elements at a time, exactly
 // to fp32 (no decoded copy of the weights). A Dots type turns R activation rows × C streamed
-// weight rows into R·C dot products over one K block, in its row's arithmetic; walk() runs a
-// call as tiles of C weight channels × R rows and applies quant_gemm.h's formula per tile. Each
+// weight rows into R·C dot products over one K block, in its row's arithmetic (folded per block,
+// or as 16 lane sums per output: Dots::kLaneSums); walk() runs a call as tiles of C weight
+// channels × R rows and applies quant_gemm.h's formula per tile. Each
 // output's arithmetic depends only on its own activation row and weight row, so results never
 // depend on M, on the column split or on the thread.
 #pragma once
