@@ -146,8 +146,7 @@ void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w
         const int64_t k0 = b * kb, len = std::min(kb, w.k - k0);
         float part =
             integer ? dot_int8(ar + k0, codes + k0, len) : dot_f32(ar + k0, codes + k0, len);
-        if (a.scales != nullptr)
-          part *= a.scales[r * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)];
+        part *= a.scale(r, b);
         part *= buffers.w_scales[b];
         acc = b == 0 ? part : acc + part;
       }

@@ -70,6 +70,11 @@ struct ActivationCodes {
   // The kernel row's working memory for this call (see GemmScratch); nullptr: the row uses its
   // own thread-local memory. Rows never keep anything in it from one call to the next.
   GemmScratch* scratch = nullptr;
+
+  /// sa[r, b]: row r's scale for K block b (1 without scales; × 1 is exact).
+  float scale(int64_t r, int64_t b) const {
+    return scales == nullptr ? 1.0f : scales[r * scales_per_row + (scales_per_row == 1 ? 0 : b)];
+  }
 };
 
 /// Rows [r0, …) of `a` as codes of their own (same flags and scratch): a row that processes its

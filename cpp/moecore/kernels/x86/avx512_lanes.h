@@ -24,6 +24,11 @@ inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
 
+/// Lanes [0, min(left, 32)) set: the tail of a 32-element step.
+inline __mmask32 tail_mask32(int64_t left) {
+  return left >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << left) - 1;
+}
+
 /// Elements [i, i + 16) of a f32, f16 or bf16 row widened exactly to fp32 (masked lanes are +0).
 inline __m512 load_dense16(const void* w, DType dtype, int64_t i, __mmask16 mask) {
   switch (dtype) {

@@ -21,6 +21,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/quant_gemm.h"
+#include "moecore/kernels/x86/avx512_lanes.h"
 
 namespace moecore {
 namespace {  // internal linkage: each ISA file keeps its own copy, compiled with its own flags
@@ -76,8 +77,7 @@ struct PaddedK {
 /// Writes n fp32 codes as `type` codes (bf16 round to nearest even: exact for bf16 values).
 inline void store_codes(const float* src, int64_t n, CodeType type, uint8_t* dst) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 mask = n - i >= 16 ? static_cast<__mmask16>(0xffff)
-                                       : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 mask = avx512::tail_mask(n - i);
     const __m512 v = _mm512_maskz_loadu_ps(mask, src + i);
     switch (type) {
       case CodeType::kBf16:
@@ -115,8 +115,7 @@ inline void pack_int8_weight_row(const WeightOperand& w, int64_t e, int64_t row,
     uint8_t* out = dst + pk.block_first_step(b) * kStepBytes;
     const int64_t len = pk.block_len(b);
     for (int64_t i = 0; i < len; i += 32) {
-      const __mmask32 mask =
-          len - i >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << (len - i)) - 1;
+      const __mmask32 mask = avx512::tail_mask32(len - i);
       const __m256i bytes = _mm256_maskz_loadu_epi8(mask, src + i);
       if (type == CodeType::kInt8)
         _mm256_mask_storeu_epi8(out + i, mask, bytes);

@@ -146,9 +146,7 @@ void fold_tile(const int32_t* c, const ActivationCodes& a, int64_t r, int64_t ro
   for (int64_t i = 0; i < rows; ++i) {
     const __m512i dots = _mm512_load_si512(c + i * kTileRows);
     __m512 part = _mm512_cvtepi32_ps(dots);
-    if (a.scales != nullptr)
-      part = _mm512_mul_ps(part, _mm512_set1_ps(a.scales[(r + i) * a.scales_per_row +
-                                                          (a.scales_per_row == 1 ? 0 : b)]));
+    part = _mm512_mul_ps(part, _mm512_set1_ps(a.scale(r + i, b)));
     part = _mm512_mul_ps(part, w_scale);
     float* o = out + i * ldo;
     if (b > 0) part = _mm512_add_ps(_mm512_maskz_loadu_ps(columns, o), part);

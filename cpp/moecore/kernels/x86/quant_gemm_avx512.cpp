@@ -90,8 +90,7 @@ struct IntDots {
     const int16_t* rows = a + r0 * lda + k0;
     for (int64_t i = 0; i < len; i += 32) {
       prefetch_next_tile_step<C, Int8AsFloatStream::kHalfBytes>(stream.row, k0 + i, ahead);
-      const __mmask32 mask =
-          len - i >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << (len - i)) - 1;
+      const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c)
         wv[c] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, stream.row[c] + k0 + i));

@@ -130,8 +130,7 @@ struct Bf16Dots {
     const uint8_t* rows = a + r0 * row_bytes + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
     for (int64_t i = 0; i < len; i += 32) {
       prefetch_next_tile_step<C, Stream::kHalfBytes>(stream.row, k0 + i, ahead);
-      const __mmask32 mask =
-          len - i >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << (len - i)) - 1;
+      const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
       for (int r = 0; r < R; ++r) {
@@ -145,12 +144,12 @@ struct Bf16Dots {
 };
 
 // ---- Decoding once per column block ------------------------------------------------------------
-// Chunks of more rows than one row tile of the walk (8) decode fp8, fp4 and int8 weights once per
-// block of columns into bf16 rows in scratch, instead of once per row tile, then walk the block's
-// decoded rows. The dots read the same bf16 vectors either way, so not a bit changes: results
-// still depend on neither M nor the chunking. Blocks are sized to stay in L2 beside the chunk's
-// activation rows.
-constexpr int64_t kDecodeOnceRows = 9, kDecodedBlockBytes = 256 << 10;
+// Chunks of more rows than one row tile of the walk (kWalkRows) decode fp8, fp4 and int8 weights
+// once per block of columns into bf16 rows in scratch, instead of once per row tile, then walk the
+// block's decoded rows. The dots read the same bf16 vectors either way, so not a bit changes:
+// results still depend on neither M nor the chunking. Blocks are sized to stay in L2 beside the
+// chunk's activation rows.
+constexpr int64_t kDecodeOnceRows = kWalkRows<2> + 1, kDecodedBlockBytes = 256 << 10;
 
 // Weights that are decoded (not bf16 as stored) and whose K blocks start on whole 32-element
 // steps, so a decoded row can hold element k at byte 2k.
@@ -193,8 +192,7 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
         const int64_t k0 = b * call.kb, len = std::min(call.kb, w.k - k0);
         for (int64_t i = 0; i < len; i += 32) {
           prefetch_next_tile_step<1, Stream::kHalfBytes>(stream.row, k0 + i, ahead);
-          const __mmask32 mask = len - i >= 32 ? ~static_cast<__mmask32>(0)
-                                               : (static_cast<__mmask32>(1) << (len - i)) - 1;
+          const __mmask32 mask = avx512::tail_mask32(len - i);
           _mm512_store_si512(row + 2 * (k0 + i), load_bf16x32(stream, 0, k0 + i, mask));
         }
       }
@@ -283,10 +281,7 @@ size_t packed_scratch_bytes(const WeightOperand& w) {
 // operation order of scaled_gemm_ref: ((dot · sa[r, b]) · sw[c, b]), summed over b in order.
 void fold_block(float dot, const ActivationCodes& a, int64_t r, int64_t b, float w_scale,
                 float* acc) {
-  float part = dot;
-  if (a.scales != nullptr)
-    part *= a.scales[r * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)];
-  part *= w_scale;
+  const float part = dot * a.scale(r, b) * w_scale;
   *acc = b == 0 ? part : *acc + part;
 }
 

@@ -201,14 +201,6 @@ void store_tile(const Call& call, const float (&total)[R][C], int64_t r0, int64_
       call.out[(r0 + r) * call.ldo + c0 + c] = has_alpha ? total[r][c] * alpha : total[r][c];
 }
 
-// The scale of K block b for row r and channel c: sa[r, b] · sw[c, b] (sa = 1 when absent).
-inline float block_scale(const Call& call, int64_t r, int64_t b, float w_scale) {
-  const ActivationCodes& a = call.a;
-  return a.scales != nullptr
-             ? a.scales[r * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)] * w_scale
-             : w_scale;
-}
-
 // Dots that sum in their own instruction order (Dots::kLaneSums; the avx512_bf16 row) keep each
 // output's 16 lane sums across the K blocks, each block's scaled by sa[r, b] · sw[c, b] and added
 // lane by lane (one FMA), and fold them once at the end: a fold per block would cost more than
@@ -223,8 +215,7 @@ void tile_lane_sums(const Call& call, const Dots& dots, int64_t r0, int64_t c0, 
     dots.template lanes<R, C>(r0, k0, len, acc);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) {
-        const __m512 scale =
-            _mm512_set1_ps(block_scale(call, r0 + r, b, w_scales[c * call.nb + b]));
+        const __m512 scale = _mm512_set1_ps(call.a.scale(r0 + r, b) * w_scales[c * call.nb + b]);
         total[r][c] = b == 0 ? _mm512_mul_ps(acc[r][c], scale)
                              : _mm512_fmadd_ps(acc[r][c], scale, total[r][c]);
       }
@@ -247,10 +238,7 @@ void tile_block_dots(const Call& call, const Dots& dots, int64_t r0, int64_t c0,
     dots.template run<R, C>(r0, k0, len, part);
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
-        float p = part[r][c];
-        if (a.scales != nullptr)
-          p *= a.scales[(r0 + r) * a.scales_per_row + (a.scales_per_row == 1 ? 0 : b)];
-        p *= w_scales[c * call.nb + b];
+        const float p = part[r][c] * a.scale(r0 + r, b) * w_scales[c * call.nb + b];
         total[r][c] = b == 0 ? p : total[r][c] + p;
       }
     }
@@ -268,39 +256,27 @@ void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
     tile_block_dots<R, C>(call, dots, r0, c0, nc, w_scales);
 }
 
-template <int C, class Dots>
+// Rows per tile of C channels: R·C ≤ 16 accumulators, so they, C weight vectors and the
+// constants stay in registers.
+template <int C>
+constexpr int kWalkRows = C == 4 ? 4 : 8;
+
+// The tile of `rows` rows (1 to kWalkRows<C>), picked at compile time.
+template <int C, int R = 1, class Dots>
 void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t c0, int nc,
               const float* w_scales) {
-  switch (rows) {
-    case 1:
-      return tile<1, C>(call, dots, r0, c0, nc, w_scales);
-    case 2:
-      return tile<2, C>(call, dots, r0, c0, nc, w_scales);
-    case 3:
-      return tile<3, C>(call, dots, r0, c0, nc, w_scales);
-    case 4:
-      return tile<4, C>(call, dots, r0, c0, nc, w_scales);
-  }
-  if constexpr (C <= 2) {
-    switch (rows) {
-      case 5:
-        return tile<5, C>(call, dots, r0, c0, nc, w_scales);
-      case 6:
-        return tile<6, C>(call, dots, r0, c0, nc, w_scales);
-      case 7:
-        return tile<7, C>(call, dots, r0, c0, nc, w_scales);
-      case 8:
-        return tile<8, C>(call, dots, r0, c0, nc, w_scales);
-    }
+  if constexpr (R <= kWalkRows<C>) {
+    if (rows == R) return tile<R, C>(call, dots, r0, c0, nc, w_scales);
+    return row_tile<C, R + 1>(call, dots, r0, rows, c0, nc, w_scales);
   }
   MOECORE_INTERNAL_CHECK(false, "row tile of ", rows, " rows");
 }
 
 // Tiles of C channels (the last one padded by repeating its final row, results dropped) × row
-// tiles; accumulators R·C ≤ 16 so they, C weight vectors and the constants stay in registers.
+// tiles of kWalkRows<C> rows.
 template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
-  constexpr int kRows = C == 4 ? 4 : 8;
+  constexpr int kRows = kWalkRows<C>;
   float* w_scales = call.w_scales;
   dots.ahead = C * stream_row_stride(dots.stream, call.w);
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
