@@ -311,6 +311,63 @@ TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
   }
 }
 
+// Every e2m1 code under every block-scale code, in both halves of a 32-element step, at every
+// level: rows of unit activations pick single weights, streamed (one row) and decoded once per
+// column block (all rows). Every weight is exact, NaN scales included, except that the bf16 rows
+// give 0 where the scalar row's product is subnormal (bf16 conversion and VDPBF16PS treat
+// subnormals as zero).
+TEST(QuantGemmBf16DecodeTest, EveryFp4CodeUnderEveryScaleDecodesExactly) {
+  constexpr int64_t kScales = 256, kK = 32;
+  for (const WeightCoding coding : {WeightCoding::kNvfp4, WeightCoding::kMxfp4}) {
+    const int64_t group = fp4_group_size(coding);
+    Tensor data = Tensor::empty({1, kScales, kK / 2}, DType::kU8);
+    Tensor scale = Tensor::empty({1, kScales, kK / group}, DType::kU8);
+    for (int64_t c = 0; c < kScales; ++c) {
+      for (int64_t j = 0; j < kK / 2; ++j)  // element 2j: code j, element 2j + 1: code 15 - j
+        data.ptr<uint8_t>()[c * kK / 2 + j] = static_cast<uint8_t>(j | (15 - j) << 4);
+      for (int64_t g = 0; g < kK / group; ++g)  // the second group's scale code runs backwards
+        scale.ptr<uint8_t>()[c * kK / group + g] = static_cast<uint8_t>(g == 0 ? c : 255 - c);
+    }
+    WeightOperand w;
+    w.coding = coding;
+    w.data = data.view();
+    w.scale = scale.view();
+    w.num_experts = 1;
+    w.n = kScales;
+    w.k = kK;
+    std::vector<float> unit_rows(kK * kK, 0.0f);
+    for (int64_t j = 0; j < kK; ++j) unit_rows[j * kK + j] = 1.0f;
+    ActivationCodes a;
+    a.codes = unit_rows.data();
+    a.ld = kK;
+    a.bf16_exact = true;
+    std::vector<float> ref(kK * kScales);
+    scaled_gemm_ref(a, kK, w, 0, 0, kScales, ref.data(), kScales);
+    for (IsaLevel level : available_isa_levels()) {
+      const bool bf16 = level >= IsaLevel::kAvx512Bf16;
+      std::vector<float> all(kK * kScales), one(kScales);
+      scaled_gemm_kernel(level)(a, kK, w, 0, 0, kScales, all.data(), kScales);
+      for (int64_t j = 0; j < kK; ++j) {
+        scaled_gemm_kernel(level)(activation_rows_from(a, j), 1, w, 0, 0, kScales, one.data(),
+                                  kScales);
+        for (int64_t c = 0; c < kScales; ++c) {
+          SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " fp4 group " << group
+                                            << " element " << j << " scale code " << c);
+          const float want = ref[j * kScales + c];
+          for (const float got : {all[j * kScales + c], one[c]}) {
+            if (std::isnan(want))
+              ASSERT_TRUE(std::isnan(got));
+            else if (bf16 && std::fpclassify(want) == FP_SUBNORMAL)
+              ASSERT_EQ(got, 0.0f);
+            else
+              ASSERT_EQ(got, want);
+          }
+        }
+      }
+    }
+  }
+}
+
 std::vector<std::tuple<IsaLevel, Case>> params() {
   std::vector<std::tuple<IsaLevel, Case>> out;
   for (IsaLevel level : bf16_levels())

@@ -29,11 +29,9 @@ int64_t int16_row_length(int64_t k) { return (k + 31) / 32 * 32; }
 // The row's working memory, the same layout for every call on the weight operand.
 struct Buffers {
   float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
-  float* fp4_scales;  // [kMaxChannels, K / group]: decoded fp4 block scales (fp4 codings)
   int16_t* a16;       // [kIntRowChunk, int16_row_length(K)] + 32: widened int8 codes (kInt8)
   Buffers(ScratchCarver& s, const WeightOperand& w)
       : w_scales(s.take<float>(kMaxChannels * w.num_k_blocks())),
-        fp4_scales(s.take<float>(fp4_scale_buffer_floats(w))),
         a16(w.coding == WeightCoding::kInt8
                 ? s.take<int16_t>(kIntRowChunk * int16_row_length(w.k) + 32)
                 : nullptr) {}
@@ -169,7 +167,8 @@ void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand
     case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
                              ") must be a multiple of its scale group");
-      return run_float(call, Fp4Stream(w.coding, w.k, buffers.fp4_scales));
+      if (w.coding == WeightCoding::kNvfp4) return run_float(call, Fp4Stream<16>{});
+      return run_float(call, Fp4Stream<32>{});
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }

@@ -64,30 +64,54 @@ inline __m512i load_bf16x32(const Fp8Stream& stream, int c, int64_t k, __mmask32
                                    _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xf8);
 }
 
-// Packed e2m1 straight to bf16 (fewer steps than two fp32 decodes): word 2j of the index vector
-// takes byte j's low nibble, word 2j + 1 its high nibble, and words 16–31 point into the second
-// half of a 32-entry table, the 16 e2m1 values × the block scale of elements [k, k + 16) and then
-// of [k + 16, k + 32), rounded to bf16 exactly (≤ 6 significant bits).
-template <>
-inline __m512i load_bf16x32(const Fp4Stream& stream, int c, int64_t k, __mmask32 mask) {
-  const bool upper = (mask >> 16) != 0;  // never read past the row's end
+// Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of a 32-entry bf16 table,
+// the 16 weights of the block scale of elements [k, k + 16), then of [k + 16, k + 32): the fp32
+// tables of weight_streams.h rounded to bf16, exactly (≤ 6 significant bits; subnormals, which
+// VDPBF16PS would read as zero anyway, become zero).
+struct Fp4Bf16Tables {
+  alignas(64) uint16_t values[256][16];
+  explicit Fp4Bf16Tables(const Fp4Tables& fp32) {
+    for (int c = 0; c < 256; ++c)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(values[c]),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(fp32.values[c])));
+  }
+};
+
+// The fp4 stream of weight_streams.h with the bf16 tables beside its fp32 ones.
+template <int kGroup>
+struct Fp4Bf16Stream : Fp4Stream<kGroup> {
+  const Fp4Bf16Tables& bf16_tables = tables_of_coding();
+  /// The bf16 table of channel c's element k.
+  const __m256i* table(int c, int64_t k) const {
+    return reinterpret_cast<const __m256i*>(bf16_tables.values[this->scale_code(c, k)]);
+  }
+  static const Fp4Bf16Tables& tables_of_coding() {
+    static const Fp4Bf16Tables tables(fp4_tables<kGroup>());
+    return tables;
+  }
+};
+
+// Word 2j of the index vector takes byte j's low nibble, word 2j + 1 its high nibble; with
+// 16-element groups, words 16–31 index the table's second half. K is a multiple of the group, so
+// an mxfp4 step is always whole and an nvfp4 step is whole or its first 16 elements (then the
+// upper words read a zero table).
+template <int kGroup>
+inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
   const uint8_t* bytes = stream.row[c] + k / 2;
+  const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
   const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
                                : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
   const __m512i x = _mm512_cvtepu8_epi32(packed);
-  // (x | x << 12) & 0x000f000f, then + 16 in the upper half's words.
+  // (x | x << 12) & 0x000f000f
   const __m512i nibbles =
       _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
+  const __m256i lo = _mm256_load_si256(stream.table(c, k));
+  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, _mm512_zextsi256_si512(lo));
+  const __m256i hi = upper ? _mm256_load_si256(stream.table(c, k + 16)) : _mm256_setzero_si256();
   const __m512i upper_half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x100010, 0x100010, 0x100010,
                                                0x100010, 0x100010, 0x100010, 0x100010, 0x100010);
-  const float* scales = stream.scales[c];
-  const float lo_scale = scales[k >> stream.shift];
-  const float hi_scale = upper ? scales[(k + 16) >> stream.shift] : 0.0f;
-  const __m512bh table =
-      _mm512_cvtne2ps_pbh(_mm512_mul_ps(stream.e2m1_values, _mm512_set1_ps(hi_scale)),
-                          _mm512_mul_ps(stream.e2m1_values, _mm512_set1_ps(lo_scale)));
   return _mm512_permutexvar_epi16(_mm512_or_si512(nibbles, upper_half),
-                                  reinterpret_cast<__m512i>(table));
+                                  _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
 }
 
 // Weight rows already decoded: the exact vectors load_bf16x32 gave for them, element k at byte 2k
@@ -165,12 +189,10 @@ int64_t decoded_columns(const WeightOperand& w) {
 struct StreamBuffers {
   uint8_t* a_codes;   // [kRowChunk, row_bytes]: activation rows as bf16
   float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
-  float* fp4_scales;  // [kMaxChannels, K / group]: decoded fp4 block scales (fp4 codings)
   uint8_t* w_decoded;  // [decoded_columns, decoded_row_bytes] when decodes_once(w)
   StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
         w_scales(s.take<float>(kMaxChannels * pk.num_blocks)),
-        fp4_scales(s.take<float>(fp4_scale_buffer_floats(w))),
         w_decoded(
             s.take<uint8_t>(decodes_once(w) ? decoded_columns(w) * decoded_row_bytes(w) : 0)) {}
 };
@@ -250,7 +272,9 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
     case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
                              ") must be a multiple of its scale group");
-      return run_streamed(call, Fp4Stream(w.coding, w.k, buffers.fp4_scales), pk, buffers);
+      if (w.coding == WeightCoding::kNvfp4)
+        return run_streamed(call, Fp4Bf16Stream<16>{}, pk, buffers);
+      return run_streamed(call, Fp4Bf16Stream<32>{}, pk, buffers);
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }

@@ -83,60 +83,66 @@ struct Int8AsFloatStream {
   }
 };
 
-/// The floats an Fp4Stream needs for its decoded block scales (kMaxChannels rows of them), 0 for
-/// other codings.
-inline int64_t fp4_scale_buffer_floats(const WeightOperand& w) {
-  const bool fp4 = w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
-  return fp4 ? kMaxChannels * (w.k / fp4_group_size(w.coding)) : 0;
+// Packed e2m1 weights take one of 16 values × their block scale, so each scale code has a table of
+// its 16 weights, exact in fp32 (≤ 3 significant bits times a power of two or an e4m3 value):
+// these products, subnormal ones included, are the reference's decoded codes. Built once per
+// coding, so no step multiplies (an fp32 multiply with a subnormal result, as GPT-OSS's zero
+// padding blocks give under e8m0 code 0, costs a microcode assist on Intel cores).
+struct Fp4Tables {
+  alignas(64) float values[256][16];
+  explicit Fp4Tables(WeightCoding coding) {
+    alignas(64) uint8_t codes[256];
+    alignas(64) float scales[256];
+    for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
+    for (int c = 0; c < 256; c += 16)
+      _mm512_store_ps(scales + c, coding == WeightCoding::kNvfp4
+                                      ? decode_e4m3x16(codes + c, 0xffff)
+                                      : decode_e8m0x16(codes + c, 0xffff));
+    const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    for (int c = 0; c < 256; ++c)
+      _mm512_store_ps(values[c], _mm512_mul_ps(e2m1, _mm512_set1_ps(scales[c])));
+  }
+};
+
+/// The tables of the fp4 coding with kGroup-element scale groups: 16 (nvfp4), 32 (mxfp4).
+template <int kGroup>
+const Fp4Tables& fp4_tables() {
+  static const Fp4Tables tables(kGroup == 16 ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4);
+  return tables;
 }
 
-// Packed e2m1 (element 2j in the low nibble of byte j), one block scale per `group` elements
-// (a multiple of 16). Each 16 weights are a permute of the 16 e2m1 values × their block scale:
-// the products are exact (≤ 3 significant bits times a power of two or an e4m3 value), equal to
-// the reference's decoded codes.
+// Packed e2m1 (element 2j in the low nibble of byte j) with one scale code per kGroup elements
+// (K is a multiple of kGroup). Each 16 weights are a permute of their block's table.
+template <int kGroup>
 struct Fp4Stream {
+  static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
   static constexpr int kHalfBytes = 1;
-  Fp4Stream(WeightCoding coding, int64_t k, float* scale_buffer)
-      : coding(coding), blocks(k / fp4_group_size(coding)), scale_buffer(scale_buffer) {
-    shift = coding == WeightCoding::kNvfp4 ? 4 : 5;
-  }
+  const uint8_t* row[kMaxChannels] = {};
+  const uint8_t* scale_codes[kMaxChannels] = {};
   void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
     row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
-    const uint8_t* codes = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
-    float* s = scale_buffer + c * blocks;
-    scales[c] = s;
-    for (int64_t b = 0; b < blocks; b += 16) {
-      const __mmask16 mask = avx512::tail_mask(blocks - b);
-      _mm512_mask_storeu_ps(s + b, mask,
-                            coding == WeightCoding::kNvfp4 ? decode_e4m3x16(codes + b, mask)
-                                                           : decode_e8m0x16(codes + b, mask));
-    }
-    // The scale rows are a stream of their own, read in short bursts: fetch the row that
-    // channel c binds in the next tile (kMaxChannels rows on; weights prefetch in the dots).
-    const uint8_t* next = codes + kMaxChannels * w.scale.strides[1];
-    for (int64_t b = 0; b < blocks; b += 64)
+    scale_codes[c] = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
+    // The scale rows are a stream of their own, read in short bursts: fetch the row that channel c
+    // binds in the next tile (kMaxChannels rows on; weights prefetch in the dots).
+    const uint8_t* next = scale_codes[c] + kMaxChannels * w.scale.strides[1];
+    for (int64_t b = 0; b < w.k / kGroup; b += 64)
       _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
   }
+  /// The scale code of channel c's element k.
+  uint8_t scale_code(int c, int64_t k) const { return scale_codes[c][k / kGroup]; }
   __m512 load(int c, int64_t i, __mmask16) const {
     const __m512i bytes =
         _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[c] + i / 2)));
     // Lane 2j takes byte j (the permute reads its low nibble), lane 2j + 1 byte j >> 4.
+    const __m512i interleave =
+        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i nibbles =
         _mm512_permutex2var_epi32(bytes, interleave, _mm512_srli_epi32(bytes, 4));
-    const __m512 table = _mm512_mul_ps(e2m1_values, _mm512_set1_ps(scales[c][i >> shift]));
-    return _mm512_permutexvar_ps(nibbles, table);
+    return _mm512_permutexvar_ps(nibbles, _mm512_load_ps(tables.values[scale_code(c, i)]));
   }
 
-  WeightCoding coding;
-  int64_t blocks;  // block scales per row
-  int shift;       // log2 of the group size
-  float* scale_buffer;
-  const uint8_t* row[kMaxChannels] = {};
-  const float* scales[kMaxChannels] = {};
-  const __m512 e2m1_values = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f,
-                                            -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  const __m512i interleave =
-      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const Fp4Tables& tables = fp4_tables<kGroup>();
 };
 
 /// Bytes from one weight row of a stream to the next (the contract layout's row stride).
