@@ -7,7 +7,8 @@ Builds the layer once (the same weights and tokens as `python -m moecore bench`)
 M, thread count and level prints the median of up to --repeats calls after one warm-up call.
 Levels alternate within one process, so a noisy machine affects them alike; for two builds of
 moecore, run the script once per build with PYTHONPATH pointing at each and alternate the runs.
-No peers and no bounds: use `python -m moecore bench` for the recorded tables.
+Caches are evicted before each timed call, as in the bench (--warm keeps them). No peers and no
+bounds: use `python -m moecore bench` for the recorded tables.
 """
 import argparse
 import statistics
@@ -16,6 +17,7 @@ import time
 import numpy as np
 
 import moecore
+from moecore._bench import CacheEvictor, cache_bytes
 from moecore._bench.workloads import SHAPES, build_layer, make_tokens
 
 
@@ -30,7 +32,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--max-seconds", type=float, default=1.5,
                         help="fewer repeats when a call would take the timing past this")
+    parser.add_argument("--warm", action="store_true", help="keep the caches between calls")
     args = parser.parse_args()
+    evict = (lambda: None) if args.warm else CacheEvictor(2 * cache_bytes())
 
     rng = np.random.default_rng(0)
     layer = build_layer(SHAPES[args.shape], args.format, rng, peers=False)
@@ -49,6 +53,7 @@ def main() -> None:
                 repeats = max(1, min(args.repeats, int(args.max_seconds / max(first, 1e-6))))
                 seconds = []
                 for _ in range(repeats):
+                    evict()
                     start = time.perf_counter()
                     runner.run(dispatch, layer.quant_info)
                     seconds.append(time.perf_counter() - start)

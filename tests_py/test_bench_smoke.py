@@ -132,3 +132,26 @@ def test_cli_markdown_and_chart(capsys, tmp_path):
     assert table[0].startswith("| shape | format (backend) | M | thr | ISA | ms |")
     assert table[2].startswith(f"| tiny | bf16 (triton) | 2 | 1 | {moecore.detected_isa_level()} |")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_avx512
+def test_caches_are_evicted_before_every_timed_call_unless_warm(machine, monkeypatch):
+    made = []
+
+    class CountingEvictor:
+        def __init__(self, nbytes):
+            self.nbytes, self.calls = nbytes, 0
+            made.append(self)
+
+        def __call__(self):
+            self.calls += 1
+
+    monkeypatch.setattr(bench, "CacheEvictor", CountingEvictor)
+    config = _config(formats=["bf16"], threads=[1], tokens=[3], peers=["torch_eager_f32"])
+    (row,), failures, _ = bench.run(config, machine)
+    assert failures == [] and len(made) == 1
+    assert made[0].nbytes == 2 * bench.cache_bytes() >= 2 << 20
+    # moecore's timed calls, then at least one of the peer's
+    assert made[0].calls >= row["repeats"] + 1
+    bench.run(_config(formats=["bf16"], threads=[1], tokens=[3], peers=[], cold=False), machine)
+    assert len(made) == 1

@@ -137,6 +137,8 @@ def _add_bench_parser(sub) -> None:
     bench.add_argument("--quick", action="store_true",
                        help="M in 1 16 128, 3 repeats, 3 s per measurement")
     bench.add_argument("--isa", help="ISA level of moecore's runners (default: the detected one)")
+    bench.add_argument("--warm", action="store_true",
+                       help="keep the caches between timed calls (default: evicted before each)")
     bench.add_argument("--seed", type=int, default=0)
     out = bench.add_mutually_exclusive_group()
     out.add_argument("--csv", action="store_true", help="print CSV rows instead of Markdown")
@@ -160,7 +162,7 @@ def _bench(args) -> int:
             print("--chart needs matplotlib (pip install matplotlib)", file=sys.stderr)
             return 2
     config = bench.BenchConfig(repeats=args.repeats, max_seconds=args.max_seconds,
-                               isa_level=args.isa or "", seed=args.seed)
+                               isa_level=args.isa or "", seed=args.seed, cold=not args.warm)
     if args.quick:
         config.tokens, config.repeats, config.max_seconds = [1, 16, 128], 3, 3.0
     for name in ("shape", "format", "tokens", "threads", "peers"):
@@ -174,7 +176,9 @@ def _bench(args) -> int:
               "command": "python -m moecore " + shlex.join(args.argv),
               "machine": f"{_cpu_name()}, {len(os.sched_getaffinity(0))} CPUs",
               "moecore": f"{moecore.__version__}, ISA {config.isa_level or moecore.detected_isa_level()}",
-              "torch": torch.__version__, "python": platform.python_version()}
+              "torch": torch.__version__, "python": platform.python_version(),
+              "caches": (f"evicted before every timed call ({2 * bench.cache_bytes() >> 20} MiB "
+                         "read)" if config.cold else "kept warm between timed calls (--warm)")}
     machine = bench.measure_machine(config)
     peers = config.peers
     if args.csv or args.json:

@@ -5,6 +5,9 @@ For every (shape, format): weights are generated and quantized once; then for ev
 count and token count M, moecore's runner is called once (warm-up), each peer is called once and
 checked against moecore's output within the format's tolerance, and only then are moecore and
 the peers timed (median of repeats). Weight generation, routing and checks are never timed.
+Before each timed call the caches are evicted (a read of twice their size, not timed), so the
+weights come from memory, as in a model whose other layers have run since: a layer small enough
+to stay cached would otherwise report more than the machine's bandwidth (--warm keeps them).
 
 Bounds come from probes run in the same process with the same thread counts: a STREAM-like read
 bandwidth (several streams per thread) and the peak of the best bf16 instruction the machine
@@ -14,6 +17,7 @@ is max(weight bytes / bandwidth, FLOPs / peak) over its time: 100 % is the roofl
 
 from __future__ import annotations
 
+import glob
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -45,13 +49,49 @@ class BenchConfig:
     bandwidth_bytes: int = 1 << 30
     probe_seconds: float = 0.3
     seed: int = 0
+    cold: bool = True  # evict the caches before every timed call
 
 
-def _median_seconds(fn, repeats: int, max_seconds: float, first_seconds: float):
-    """Median wall time of up to `repeats` calls (at least one) within max_seconds."""
+def cache_bytes() -> int:
+    """The bytes of this machine's level 2 and higher caches (sysfs; each shared cache counted
+    once), or 64 MiB where sysfs does not say."""
+    seen, total = set(), 0
+    for index in glob.glob("/sys/devices/system/cpu/cpu*/cache/index*"):
+        try:
+            with open(f"{index}/level") as f:
+                level = int(f.read())
+            with open(f"{index}/size") as f:
+                size = f.read().strip()
+            with open(f"{index}/shared_cpu_list") as f:
+                shared = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if level < 2 or (level, shared) in seen:
+            continue
+        seen.add((level, shared))
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        total += int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    return total or 64 << 20
+
+
+class CacheEvictor:
+    """Reads a buffer of twice the caches' size, written once so that its pages exist."""
+
+    def __init__(self, nbytes: int):
+        self._words = np.ones(nbytes // 8, np.uint64)
+
+    def __call__(self) -> None:
+        self._words.sum()
+
+
+def _median_seconds(fn, repeats: int, max_seconds: float, first_seconds: float, before=None):
+    """Median wall time of up to `repeats` calls (at least one) within max_seconds; `before`, when
+    given, runs untimed before each call."""
     n = max(1, min(repeats, int(max_seconds / max(first_seconds, 1e-9))))
     times = []
     for _ in range(n):
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -128,6 +168,7 @@ def run(config: BenchConfig, machine: dict, emit=None) -> tuple:
     rows, failures, skipped = [], [], []
     previous = (moecore.get_num_threads(), torch.get_num_threads())
     rng = np.random.default_rng(config.seed)
+    evict = CacheEvictor(2 * cache_bytes()) if config.cold else None
     try:
         for shape_name in config.shapes:
             shape = SHAPES[shape_name]
@@ -146,7 +187,7 @@ def run(config: BenchConfig, machine: dict, emit=None) -> tuple:
                         layer.backend, moecore.MoeRunnerConfig(inplace=False, isa_level=isa))
                     for m, (x, weights, ids) in problems.items():
                         row = _row(config, machine, torch, layer, runner, inputs, threads, x,
-                                   weights, ids, grouped_ok, failures)
+                                   weights, ids, grouped_ok, failures, evict)
                         rows.append(row)
                         if emit:
                             emit(row)
@@ -158,7 +199,7 @@ def run(config: BenchConfig, machine: dict, emit=None) -> tuple:
 
 
 def _row(config, machine, torch, layer, runner, inputs, threads, x, weights, ids, grouped_ok,
-         failures) -> dict:
+         failures, evict) -> dict:
     shape = layer.shape
     dispatch = moecore.StandardDispatchOutput(x, topk_output=moecore.StandardTopKOutput(weights, ids))
     call = lambda: runner.run(dispatch, layer.quant_info).hidden_states  # noqa: E731
@@ -183,7 +224,7 @@ def _row(config, machine, torch, layer, runner, inputs, threads, x, weights, ids
             peer_calls[name] = f"MISMATCH (NMSE {error_stats(out, expected)['nmse']:.1e})"
             continue
         checked[name] = peer_first
-    seconds, repeats = _median_seconds(call, config.repeats, config.max_seconds, first)
+    seconds, repeats = _median_seconds(call, config.repeats, config.max_seconds, first, evict)
     valid = int(np.count_nonzero(ids >= 0))
     touched = int(np.unique(ids[ids >= 0]).size)
     weight_bytes = touched * layer.bytes_per_expert
@@ -204,7 +245,8 @@ def _row(config, machine, torch, layer, runner, inputs, threads, x, weights, ids
         if isinstance(fn, str):
             row[f"{name}_ms"], row[f"{name}_speedup"], row[f"{name}_note"] = None, None, fn
             continue
-        peer_seconds, _ = _median_seconds(fn, config.repeats, config.max_seconds, checked[name])
+        peer_seconds, _ = _median_seconds(fn, config.repeats, config.max_seconds, checked[name],
+                                          evict)
         row[f"{name}_ms"] = peer_seconds * 1e3
         row[f"{name}_speedup"] = peer_seconds / seconds
         row[f"{name}_note"] = ""
