@@ -8,31 +8,25 @@
 namespace moecore {
 namespace {
 
-const DTypeTraits kTraits[] = {
-    {DType::kF32, "f32", "float32", 4, 1, true},
-    {DType::kF16, "f16", "float16", 2, 1, true},
-    {DType::kBF16, "bf16", "bfloat16", 2, 1, true},
-    {DType::kF8E4M3, "fp8_e4m3fn", "float8_e4m3fn", 1, 1, true},
-    {DType::kF8E5M2, "fp8_e5m2", "float8_e5m2", 1, 1, true},
-    {DType::kE8M0, "e8m0", "float8_e8m0fnu", 1, 1, true},
-    {DType::kFp4E2M1x2, "fp4_e2m1x2", "float4_e2m1fn_x2", 1, 2, true},
-    {DType::kU8, "u8", "uint8", 1, 1, false},
-    {DType::kI8, "i8", "int8", 1, 1, false},
-    {DType::kI32, "i32", "int32", 4, 1, false},
-    {DType::kI64, "i64", "int64", 8, 1, false},
-};
+constexpr bool traits_in_enum_order() {
+  for (size_t i = 0; i < std::size(kDTypeTraits); ++i)
+    if (static_cast<size_t>(kDTypeTraits[i].dtype) != i) return false;
+  return true;
+}
+static_assert(traits_in_enum_order(), "kDTypeTraits is indexed by DType");
 
 }  // namespace
 
 const DTypeTraits& dtype_traits(DType dtype) {
-  for (const auto& t : kTraits)
-    if (t.dtype == dtype) return t;
-  MOECORE_INTERNAL_CHECK(false, "unknown DType ", static_cast<int>(dtype));
+  const auto index = static_cast<size_t>(dtype);
+  MOECORE_INTERNAL_CHECK(index < std::size(kDTypeTraits), "unknown DType ",
+                         static_cast<int>(dtype));
+  return kDTypeTraits[index];
 }
 
 DType parse_dtype(const std::string& name) {
   std::string valid;
-  for (const auto& t : kTraits) {
+  for (const auto& t : kDTypeTraits) {
     if (name == t.name || name == t.numpy_name) return t.dtype;
     valid += std::string(valid.empty() ? "" : ", ") + t.name;
   }
@@ -40,8 +34,8 @@ DType parse_dtype(const std::string& name) {
 }
 
 const DTypeTraits* all_dtypes(int* count) {
-  *count = static_cast<int>(std::size(kTraits));
-  return kTraits;
+  *count = static_cast<int>(std::size(kDTypeTraits));
+  return kDTypeTraits;
 }
 
 }  // namespace moecore

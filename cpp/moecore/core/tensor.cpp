@@ -69,13 +69,6 @@ std::string TensorView::describe() const {
   return shape_string(shape_vector()) + " " + dtype_name(dtype);
 }
 
-void* TensorView::at(std::initializer_list<int64_t> index) const {
-  int64_t offset = 0;
-  int d = 0;
-  for (int64_t i : index) offset += i * strides[d++];
-  return static_cast<char*>(data) + offset * dtype_size(dtype);
-}
-
 TensorView TensorView::narrow(int dim, int64_t start, int64_t length) const {
   if (dim < 0) dim += ndim;
   MOECORE_INTERNAL_CHECK(dim >= 0 && dim < ndim && start >= 0 && length >= 0 &&

@@ -39,8 +39,14 @@ struct TensorView {
 
   template <typename T>
   T* ptr() const { return static_cast<T*>(data); }
-  /// Address of storage unit (i0, i1, ...) — the index list must have ndim entries.
-  void* at(std::initializer_list<int64_t> index) const;
+  /// Address of storage unit (i0, i1, ...) — the index list must have ndim entries. Inline:
+  /// kernels call it once per weight row.
+  void* at(std::initializer_list<int64_t> index) const {
+    int64_t offset = 0;
+    int d = 0;
+    for (int64_t i : index) offset += i * strides[d++];
+    return static_cast<char*>(data) + offset * dtype_size(dtype);
+  }
   /// The sub-view [start, start + length) along `dim` (same storage; bounds checked).
   TensorView narrow(int dim, int64_t start, int64_t length) const;
   /// The sub-view at `index` along `dim`, with that dim removed.

@@ -391,11 +391,14 @@ void run_items(const ExpertMlp& mlp, const ExpertGemm& g, const ActivationCodes&
         if (has_bias) load_f32(g.bias.at({e, c0}), g.bias.dtype, cols, bias);
         for (int64_t r = 0; r < m; ++r) {
           float* row = block + r * n;
-          for (int64_t c = 0; c < cols; ++c) {
-            float v = has_bias ? row[c] + bias[c] : row[c];
-            if (scale) v *= rows.scale[r0 + r];
-            row[c] = round_to(mlp.act_dtype, v);
+          if (has_bias || scale) {
+            const float row_scale = scale ? rows.scale[r0 + r] : 1.0f;
+            for (int64_t c = 0; c < cols; ++c) {
+              const float v = has_bias ? row[c] + bias[c] : row[c];
+              row[c] = scale ? v * row_scale : v;
+            }
           }
+          round_in_place(row, cols, mlp.act_dtype);
           if (store != nullptr)
             store_f32(row, cols, mlp.act_dtype, store->at({rows.dest[r0 + r], c0}));
         }
