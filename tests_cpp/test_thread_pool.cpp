@@ -1,8 +1,10 @@
-// Thread pool: static chunks cover [0, n) exactly once, exceptions reach the caller, nested calls
-// run serially, resizing works, and concurrent callers take turns.
+// Thread pool: static chunks cover [0, n) exactly once, whether the workers are still spinning
+// from the previous call or asleep; exceptions reach the caller, nested calls run serially,
+// resizing works, and concurrent callers take turns.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -25,6 +27,22 @@ TEST_P(ThreadPoolTest, EveryItemExactlyOnce) {
       for (int64_t i = b; i < e; ++i) hits[i]++;
     });
     for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+// Calls back to back find the workers spinning; calls a millisecond apart find them asleep
+// (they spin for 100 µs). Each call must run each of its items once, with nothing left over
+// from the call before.
+TEST_P(ThreadPoolTest, BackToBackAndSpacedCallsRunEveryItemOnce) {
+  constexpr int64_t kItems = 37;
+  std::vector<std::atomic<int>> hits(kItems);
+  for (int call = 0; call < 2030; ++call) {
+    if (call >= 2000) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    parallel_for(kItems, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (int64_t i = 0; i < kItems; ++i)
+      ASSERT_EQ(hits[i].exchange(0), 1) << "call " << call << " item " << i;
   }
 }
 

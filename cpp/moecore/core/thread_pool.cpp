@@ -1,8 +1,11 @@
-// Thread pool implementation: one condition variable wakes all workers per call; each worker runs
-// its own fixed chunk, so the schedule is static and repeatable.
+// Thread pool implementation: a call bumps the generation, which wakes all workers (spinning ones
+// see it at once, sleeping ones through one condition variable); each worker runs its own fixed
+// chunk, so the schedule is static and repeatable.
 #include "moecore/core/thread_pool.h"
 
 #include <sched.h>
+
+#include <chrono>
 
 #include "moecore/core/env.h"
 #include "moecore/core/error.h"
@@ -15,6 +18,33 @@ struct ChunkScope {
   ChunkScope() { t_inside_chunk = true; }
   ~ChunkScope() { t_inside_chunk = false; }
 };
+
+// How long a waiting thread spins before it sleeps: longer than the gap between the calls of one
+// forward, short enough to cost nothing noticeable when no call follows.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins until ready() or kSpin has passed, yielding the core now and then to any other thread
+// that wants it; returns ready(). Only when `spin` (the pool has no more threads than CPUs:
+// with more, spinners would hold the cores that the threads still working need).
+template <typename Ready>
+bool spin_until(bool spin, Ready ready) {
+  if (!spin) return ready();
+  const auto end = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= end) return ready();
+    std::this_thread::yield();
+  }
+}
 }  // namespace
 
 int available_cpus() {
@@ -37,9 +67,10 @@ ThreadPool::~ThreadPool() { stop(); }
 
 void ThreadPool::start(int n) {
   num_threads_ = n;
-  stopping_ = false;
+  spin_ = n <= available_cpus();
+  stopping_.store(false, std::memory_order_relaxed);
   // Workers start from the current generation so they never replay an earlier call.
-  const uint64_t generation = generation_;
+  const uint64_t generation = generation_.load(std::memory_order_relaxed);
   for (int i = 1; i < n; ++i)
     workers_.emplace_back([this, i, generation] { worker_loop(i, generation); });
 }
@@ -47,7 +78,7 @@ void ThreadPool::start(int n) {
 void ThreadPool::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    stopping_.store(true, std::memory_order_release);
   }
   wake_.notify_all();
   for (auto& w : workers_) w.join();
@@ -78,17 +109,21 @@ void ThreadPool::run_chunk(int index) {
 }
 
 void ThreadPool::worker_loop(int index, uint64_t seen) {
+  const auto called = [&] {
+    return stopping_.load(std::memory_order_acquire) ||
+           generation_.load(std::memory_order_acquire) != seen;
+  };
   for (;;) {
-    {
+    if (!spin_until(spin_, called)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
+      wake_.wait(lock, called);
     }
+    if (stopping_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
     run_chunk(index);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mutex_);  // the caller may be about to sleep
+      done_.notify_one();
     }
   }
 }
@@ -105,15 +140,19 @@ void ThreadPool::parallel_for(int64_t n, RangeFn fn) {
     n_ = n;
     fn_ = &fn;
     error_ = nullptr;
-    pending_ = num_threads_ - 1;
-    ++generation_;
+    pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);  // publishes the call
   }
   wake_.notify_all();
   run_chunk(0);
+  const auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
   std::exception_ptr error;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    if (!spin_until(spin_, finished)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, finished);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
     fn_ = nullptr;
     error = error_;
     error_ = nullptr;

@@ -3,6 +3,7 @@
 // changes the item's result. Exceptions thrown by any chunk reach the caller; none is swallowed.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -54,12 +55,17 @@ class ThreadPool {
   int num_threads_ = 1;
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;  // one parallel_for at a time
+  // Workers and the caller first spin on the atomics for a short while (the calls of one forward
+  // come back to back, and a futex wake-up of every worker costs more than a decode GEMM's
+  // share), then sleep on the condition variables; every change is made under mutex_ so that a
+  // sleeper cannot miss it.
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stopping_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stopping_{false};
+  bool spin_ = false;  // no more threads than CPUs (set by start)
   int64_t n_ = 0;
   RangeFn* fn_ = nullptr;
   std::exception_ptr error_;
