@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import moecore
-from moecore._bench import CacheEvictor, cache_bytes
+from moecore._bench import CacheEvictor, eviction_bytes
 from moecore._bench.workloads import SHAPES, build_layer, make_tokens
 
 
@@ -34,7 +34,7 @@ def main() -> None:
                         help="fewer repeats when a call would take the timing past this")
     parser.add_argument("--warm", action="store_true", help="keep the caches between calls")
     args = parser.parse_args()
-    evict = (lambda: None) if args.warm else CacheEvictor(2 * cache_bytes())
+    evict = (lambda: None) if args.warm else CacheEvictor(eviction_bytes())
 
     rng = np.random.default_rng(0)
     layer = build_layer(SHAPES[args.shape], args.format, rng, peers=False)

@@ -177,7 +177,7 @@ def _bench(args) -> int:
               "machine": f"{_cpu_name()}, {len(os.sched_getaffinity(0))} CPUs",
               "moecore": f"{moecore.__version__}, ISA {config.isa_level or moecore.detected_isa_level()}",
               "torch": torch.__version__, "python": platform.python_version(),
-              "caches": (f"evicted before every timed call ({2 * bench.cache_bytes() >> 20} MiB "
+              "caches": (f"evicted before every timed call ({bench.eviction_bytes() >> 20} MiB "
                          "read)" if config.cold else "kept warm between timed calls (--warm)")}
     machine = bench.measure_machine(config)
     peers = config.peers

@@ -5,9 +5,10 @@ For every (shape, format): weights are generated and quantized once; then for ev
 count and token count M, moecore's runner is called once (warm-up), each peer is called once and
 checked against moecore's output within the format's tolerance, and only then are moecore and
 the peers timed (median of repeats). Weight generation, routing and checks are never timed.
-Before each timed call the caches are evicted (a read of twice their size, not timed), so the
-weights come from memory, as in a model whose other layers have run since: a layer small enough
-to stay cached would otherwise report more than the machine's bandwidth (--warm keeps them).
+Before each timed call the caches are evicted (a read of twice their size, at most 4 GiB, not
+timed), so the weights come from memory, as in a model whose other layers have run since: a
+layer small enough to stay cached would otherwise report more than the machine's bandwidth
+(--warm keeps them).
 
 Bounds come from probes run in the same process with the same thread counts: a STREAM-like read
 bandwidth (several streams per thread) and the peak of the best bf16 instruction the machine
@@ -74,8 +75,13 @@ def cache_bytes() -> int:
     return total or 64 << 20
 
 
+def eviction_bytes() -> int:
+    """Bytes the evictor reads: twice the caches (cache_bytes), at most 4 GiB."""
+    return min(2 * cache_bytes(), 4 << 30)
+
+
 class CacheEvictor:
-    """Reads a buffer of twice the caches' size, written once so that its pages exist."""
+    """Reads a buffer of eviction_bytes(), written once so that its pages exist."""
 
     def __init__(self, nbytes: int):
         self._words = np.ones(nbytes // 8, np.uint64)
@@ -168,7 +174,7 @@ def run(config: BenchConfig, machine: dict, emit=None) -> tuple:
     rows, failures, skipped = [], [], []
     previous = (moecore.get_num_threads(), torch.get_num_threads())
     rng = np.random.default_rng(config.seed)
-    evict = CacheEvictor(2 * cache_bytes()) if config.cold else None
+    evict = CacheEvictor(eviction_bytes()) if config.cold else None
     try:
         for shape_name in config.shapes:
             shape = SHAPES[shape_name]
