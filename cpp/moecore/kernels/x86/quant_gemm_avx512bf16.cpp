@@ -91,10 +91,10 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   }
 };
 
-// Word 2j of the index vector takes byte j's low nibble, word 2j + 1 its high nibble; with
-// 16-element groups, words 16–31 index the table's second half. K is a multiple of the group, so
-// an mxfp4 step is always whole and an nvfp4 step is whole or its first 16 elements (then the
-// upper words read a zero table).
+// Word 2j of the index vector takes byte j's low nibble, word 2j + 1 its high nibble. Words 0–15
+// permute the table of elements [k, k + 16); with 16-element groups words 16–31 permute the next
+// block's table in a second, masked permute. K is a multiple of the group, so an mxfp4 step is
+// always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
 template <int kGroup>
 inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
   const uint8_t* bytes = stream.row[c] + k / 2;
@@ -105,13 +105,12 @@ inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t 
   // (x | x << 12) & 0x000f000f
   const __m512i nibbles =
       _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  const __m256i lo = _mm256_load_si256(stream.table(c, k));
-  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, _mm512_zextsi256_si512(lo));
-  const __m256i hi = upper ? _mm256_load_si256(stream.table(c, k + 16)) : _mm256_setzero_si256();
-  const __m512i upper_half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x100010, 0x100010, 0x100010,
-                                               0x100010, 0x100010, 0x100010, 0x100010, 0x100010);
-  return _mm512_permutexvar_epi16(_mm512_or_si512(nibbles, upper_half),
-                                  _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  const __m512i lo = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k)));
+  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, lo);
+  const __m512i first = _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, lo);
+  if (!upper) return first;
+  const __m512i hi = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k + 16)));
+  return _mm512_mask_permutexvar_epi16(first, 0xffff0000, nibbles, hi);
 }
 
 // Weight rows already decoded: the exact vectors load_bf16x32 gave for them, element k at byte 2k
