@@ -57,8 +57,8 @@ class ThreadPool {
   std::mutex call_mutex_;  // one parallel_for at a time
   // Workers and the caller first spin on the atomics for a short while (the calls of one forward
   // come back to back, and a futex wake-up of every worker costs more than a decode GEMM's
-  // share), then sleep on the condition variables; every change is made under mutex_ so that a
-  // sleeper cannot miss it.
+  // share), then sleep on the condition variables. A new call and a stop are published under
+  // mutex_, and the last worker signals done_ under it, so a sleeper cannot miss either.
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;

@@ -87,7 +87,7 @@ struct Int8AsFloatStream {
 // its 16 weights, exact in fp32 (≤ 3 significant bits times a power of two or an e4m3 value):
 // these products, subnormal ones included, are the reference's decoded codes. Built once per
 // coding, so no step multiplies (an fp32 multiply with a subnormal result, as GPT-OSS's zero
-// padding blocks give under e8m0 code 0, costs a microcode assist on Intel cores).
+// padding blocks give under e8m0 code 0, takes a microcode assist on Intel cores).
 struct Fp4Tables {
   alignas(64) float values[256][16];
   explicit Fp4Tables(WeightCoding coding) {
