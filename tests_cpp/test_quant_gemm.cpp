@@ -4,6 +4,7 @@
 // NaN outputs in both.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -205,6 +206,51 @@ INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmTest, ::testing::ValuesIn(params()),
                            return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
                                   mode_name(std::get<1>(info.param));
                          });
+
+// Rows read through ActivationCodes::row_index (the k slots of a token share its stored row) give
+// the bits of the same rows copied out in call order, at every level this machine has, for every
+// coding: each row reads codes and scales of its own stored row, repeats and chunks included.
+TEST(QuantGemmRowIndexTest, IndexedRowsGiveTheBitsOfACopyAtEveryLevel) {
+  std::mt19937 rng(17);
+  constexpr int64_t kStored = 5;
+  for (int mode_index = 0; mode_index <= static_cast<int>(Mode::kMxfp4); ++mode_index) {
+    const Mode mode = static_cast<Mode>(mode_index);
+    const int64_t n = 6, k = mode == Mode::kMxfp4 ? 96 : 80;
+    const Case c = make_case(rng, mode, n, k);
+    const Activations stored = make_activations(rng, c, kStored);
+    for (int64_t m : {1, 3, 40}) {  // 40 rows: more than one row chunk of every row
+      std::vector<int64_t> index(static_cast<size_t>(m));
+      for (int64_t r = 0; r < m; ++r) index[r] = (3 * r + 2) % kStored;
+      Activations copy = stored;  // rows in call order, every stored row's scales with it
+      const int64_t ld = stored.view.ld, spr = stored.view.scales_per_row;
+      copy.codes.resize(static_cast<size_t>(m * ld));
+      if (stored.view.scales != nullptr) copy.scales.resize(static_cast<size_t>(m * spr));
+      for (int64_t r = 0; r < m; ++r) {
+        std::copy_n(stored.codes.begin() + index[r] * ld, ld, copy.codes.begin() + r * ld);
+        if (stored.view.scales != nullptr)
+          std::copy_n(stored.scales.begin() + index[r] * spr, spr, copy.scales.begin() + r * spr);
+      }
+      copy.view.codes = copy.codes.data();
+      if (stored.view.scales != nullptr) copy.view.scales = copy.scales.data();
+      ActivationCodes indexed = stored.view;
+      indexed.row_index = index.data();
+      for (const bool bf16_exact : {false, true}) {
+        indexed.bf16_exact = copy.view.bf16_exact = bf16_exact;
+        for (IsaLevel level : available_isa_levels()) {
+          SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << mode_name(mode)
+                                            << " m=" << m << " bf16_exact=" << bf16_exact);
+          const ScaledGemmFn kernel = scaled_gemm_kernel(level);
+          std::vector<float> out(m * n, -1.0f), expected(m * n, -2.0f);
+          kernel(indexed, m, c.w, kExpert, 0, n, out.data(), n);
+          kernel(copy.view, m, c.w, kExpert, 0, n, expected.data(), n);
+          for (int64_t i = 0; i < m * n; ++i)
+            ASSERT_TRUE(same_bits(out[i], expected[i]))
+                << "at " << i << ": " << out[i] << " vs " << expected[i];
+        }
+      }
+    }
+  }
+}
 
 TEST(QuantGemmNanTest, Fp8NanCodesGiveNanOutputsAtEveryCanonicalLevel) {
   std::mt19937 rng(5);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <set>
 #include <thread>
@@ -13,7 +14,9 @@
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
 #include "moecore/dispatch/dispatcher.h"
+#include "moecore/formats/quantize.h"
 #include "moecore/runner/expert_compute.h"
+#include "moecore/runner/quant_compute.h"
 #include "moecore/runner/runner.h"
 #include "support/counting_allocator.h"
 #include "support/moe_problem.h"
@@ -392,6 +395,132 @@ TEST(ExpertWorkspaceTest, RunnerUsedFromTwoThreadsTakesTurns) {
   first.join();
   second.join();
   EXPECT_EQ(mismatches, 0);
+}
+
+// The expert schedule's fused epilogues (GEMM1's activation per column block, GEMM2's input
+// quantized there when its quantizer works on segments, each token's row loaded and quantized
+// once) give the bits of the unfused pipeline written out here: whole GEMM1 rows, the whole-row
+// activation, whole-row quantization, per-slot input copies. Every activation layout, quantizers
+// with and without segments (group 32 with I a multiple of it and not), 1, 3 and 8 threads.
+struct UnfusedPipeline {
+  const ExpertMlp& mlp;
+  const MoeProblem& p;
+
+  // The output rows [T·k, H] (slot order) of the valid slots, as run_expert_mlp stores them.
+  std::vector<float> run(const ExpertRowMap& rows, RowScaleAt scale_at) const {
+    const int64_t H = p.H, I = p.I, n1 = mlp.gemm1.weight.n;
+    std::vector<float> out(static_cast<size_t>(p.T * p.k * H), 0.0f);
+    for (int64_t e = 0; e < rows.num_experts(); ++e)
+      for (int64_t r = rows.offsets[e]; r < rows.offsets[e + 1]; ++r) {
+        std::vector<float> x(H), h1(n1), act(I), y(H);
+        load_f32(p.x.view().at({rows.source[r], 0}), p.x.dtype(), H, x.data());
+        std::vector<float> s1(static_cast<size_t>(mlp.gemm1.scales_per_row), 1.0f);
+        if (mlp.gemm1.quantize) mlp.gemm1.quantize(x.data(), 1, H, H, s1.data());
+        gemm_row(mlp.gemm1, e, x.data(), s1.data(), h1.data());
+        finish(mlp.gemm1, e, scale_at == RowScaleAt::kGemm1 ? rows.scale[r] : 1.0f, h1);
+        ActivationSpec spec = mlp.activation;
+        spec.round_dtype = mlp.act_dtype;
+        apply_activation(spec, h1.data(), n1, act.data(), I, 1, I);
+        std::vector<float> s2(static_cast<size_t>(mlp.gemm2.scales_per_row), 1.0f);
+        if (mlp.gemm2.quantize) mlp.gemm2.quantize(act.data(), 1, I, I, s2.data());
+        gemm_row(mlp.gemm2, e, act.data(), s2.data(), y.data());
+        finish(mlp.gemm2, e, scale_at == RowScaleAt::kGemm2 ? rows.scale[r] : 1.0f, y);
+        std::copy(y.begin(), y.end(), out.begin() + rows.dest[r] * H);
+      }
+    return out;
+  }
+
+  void gemm_row(const ExpertGemm& g, int64_t e, const float* in, const float* scales,
+                float* out) const {
+    ActivationCodes a;
+    a.codes = in;
+    a.ld = g.weight.k;
+    a.scales = g.quantize ? scales : nullptr;
+    a.scales_per_row = g.scales_per_row;
+    scaled_gemm_ref(a, 1, g.weight, e, 0, g.weight.n, out, g.weight.n);
+  }
+  void finish(const ExpertGemm& g, int64_t e, float scale, std::vector<float>& row) const {
+    for (int64_t c = 0; c < static_cast<int64_t>(row.size()); ++c) {
+      float v = row[c];
+      if (g.bias.data != nullptr) {
+        float b;
+        load_f32(g.bias.at({e, c}), g.bias.dtype, 1, &b);
+        v += b;
+      }
+      row[c] = round_to(mlp.act_dtype, v * scale);
+    }
+  }
+};
+
+TEST(ExpertScheduleTest, FusedEpiloguesGiveTheBitsOfTheUnfusedPipeline) {
+  struct Layout {
+    const char* name;
+    ActivationSpec spec;
+  };
+  std::vector<Layout> layouts(5);
+  layouts[0] = {"gate_up", {}};
+  layouts[1] = {"up_gate", {}};
+  layouts[1].spec.layout = GateUpLayout::kUpGate;
+  layouts[2] = {"interleaved_32", {}};
+  layouts[2].spec.layout = GateUpLayout::kUpGateInterleaved;
+  layouts[2].spec.interleave_group = 32;
+  layouts[3] = {"gpt_oss_pairs", {}};
+  layouts[3].spec.alpha = 1.702f;
+  layouts[3].spec.clamp_limit = 7.0f;
+  layouts[4] = {"relu2", {}};
+  layouts[4].spec.gated = false;
+  layouts[4].spec.kind = Activation::RELU2;
+  struct Quant {
+    const char* name;
+    ActQuant rule;
+  };
+  const Quant quants[] = {{"none", ActQuant::kNone},
+                          {"fp8_group_32", ActQuant::kFp8PerTokenGroup},
+                          {"fp8_per_token", ActQuant::kFp8PerToken}};
+  std::mt19937 rng(31);
+  for (int64_t I : {96, 80}) {
+    const MoeProblem p = make_problem(rng, 9, 6, 64, I, 3, DType::kBF16);
+    for (const Layout& layout : layouts)
+      for (const Quant& quant : quants)
+        for (RowScaleAt scale_at : {RowScaleAt::kGemm1, RowScaleAt::kGemm2}) {
+          // The interleaved layout is defined for I a multiple of its group only.
+          if (I % activation_column_align(layout.spec) != 0) continue;
+          const bool gated = layout.spec.gated;
+          const Tensor w13 = gated ? p.w13 : Tensor::copy_of(p.w13.view().narrow(1, 0, I));
+          const Tensor b13 = testing::random_tensor(rng, {p.E, w13.size(1)}, DType::kBF16);
+          const ExpertWeights w = check_expert_weights("test", w13, p.w2, b13, Tensor(), gated);
+          ExpertMlp mlp = dense_expert_mlp(w, layout.spec, scaled_gemm_ref);
+          std::vector<QuantizedTensor> fp8_weights;  // group rules: fp8 weights in 32 × 32 blocks
+          fp8_weights.reserve(2);
+          for (ExpertGemm* g : {&mlp.gemm1, &mlp.gemm2}) {
+            if (quant.rule == ActQuant::kFp8PerTokenGroup) {
+              fp8_weights.push_back(quantize_fp8_block(g->weight.data, 32, 32));
+              g->weight.coding = WeightCoding::kFp8;
+              g->weight.data = fp8_weights.back().q.view();
+              g->weight.scale = fp8_weights.back().scale.view();
+              g->weight.block_n = g->weight.block_k = 32;
+            }
+            g->quantize = make_act_quantizer(quant.rule, 0.0f, 32);
+            g->scales_per_row = act_scales_per_row(quant.rule, g->weight.k, 32);
+            g->quantize_segment = act_quant_segment(quant.rule, 32);
+          }
+          const RoutedTokens tokens = check_routed_tokens(
+              "test", p.x, StandardTopKOutput{p.topk_weights, p.topk_ids, {}}, w);
+          for (int threads : {1, 3, 8}) {  // 8: several column blocks per expert
+            SCOPED_TRACE(::testing::Message() << "I=" << I << " " << layout.name << " "
+                                              << quant.name << " threads=" << threads);
+            ThreadPool::instance().set_num_threads(threads);
+            ExpertWorkspace ws;
+            ws.rows.group_slots(tokens, p.E, /*with_scale=*/true);
+            const Tensor out = Tensor::zeros({p.T * p.k, p.H}, mlp.act_dtype);
+            run_expert_mlp(mlp, ws, token_rows(tokens), scale_at, out.view());
+            const std::vector<float> got = testing::to_floats(out);
+            const std::vector<float> want = UnfusedPipeline{mlp, p}.run(ws.rows, scale_at);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+          }
+        }
+  }
+  ThreadPool::instance().set_num_threads(available_cpus());
 }
 
 }  // namespace

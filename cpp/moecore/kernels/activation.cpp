@@ -62,22 +62,43 @@ int64_t up_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
 
 void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
                       int64_t ldout, int64_t rows, int64_t inter) {
+  apply_activation_block(spec, in, ldin, out, ldout, rows, inter, 0, inter);
+}
+
+int64_t activation_column_align(const ActivationSpec& spec) {
+  const bool interleaved =
+      spec.gated && !spec.alpha && spec.layout == GateUpLayout::kUpGateInterleaved;
+  return interleaved ? spec.interleave_group : 1;
+}
+
+std::array<ColumnSpan, 2> activation_gemm1_spans(const ActivationSpec& spec, int64_t inter,
+                                                 int64_t col0, int64_t cols) {
+  if (!spec.gated) return {ColumnSpan{col0, cols}, ColumnSpan{}};
+  if (spec.alpha || spec.layout == GateUpLayout::kUpGateInterleaved)
+    return {ColumnSpan{2 * col0, 2 * cols}, ColumnSpan{}};
+  return {ColumnSpan{col0, cols}, ColumnSpan{inter + col0, cols}};  // either order of halves
+}
+
+void apply_activation_block(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
+                            int64_t ldout, int64_t rows, int64_t inter, int64_t col0,
+                            int64_t cols) {
   const DType rd = spec.round_dtype;
+  const int64_t end = col0 + cols;
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = in + r * ldin;
-    float* y = out + r * ldout;
+    float* y = out + r * ldout - col0;  // y[i] for i in [col0, end)
     if (spec.alpha) {
       const float alpha = *spec.alpha, limit = spec.clamp_limit;
-      for (int64_t i = 0; i < inter; ++i) {
+      for (int64_t i = col0; i < end; ++i) {
         const float gate = std::min(x[2 * i], limit);
         const float up = std::clamp(x[2 * i + 1], -limit, limit);
         const float glu = gate / (1.0f + std::exp(-alpha * gate));
         y[i] = round_to(rd, glu * (up + spec.beta));
       }
     } else if (!spec.gated) {
-      for (int64_t i = 0; i < inter; ++i) y[i] = round_to(rd, unary(spec.kind, x[i]));
+      for (int64_t i = col0; i < end; ++i) y[i] = round_to(rd, unary(spec.kind, x[i]));
     } else {
-      for (int64_t i = 0; i < inter; ++i) {
+      for (int64_t i = col0; i < end; ++i) {
         float gate = x[gate_column(spec, i, inter)], up = x[up_column(spec, i, inter)];
         if (spec.swiglu_limit) {
           gate = std::min(gate, *spec.swiglu_limit);

@@ -3,6 +3,7 @@
 // GPT-OSS clamped SwiGLU on interleaved columns, the DSv4 clamp on halves.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -40,6 +41,24 @@ struct ActivationSpec {
 /// out: rows of `inter` fp32 values rounded to spec.round_dtype (stride ldout).
 void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
                       int64_t ldout, int64_t rows, int64_t inter);
+/// The same for output columns [col0, col0 + cols) only (out points at column col0; in at
+/// column 0, and only the GEMM1 columns of activation_gemm1_spans are read): GEMM1's epilogue
+/// runs it on each column block it has just computed.
+void apply_activation_block(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
+                            int64_t ldout, int64_t rows, int64_t inter, int64_t col0, int64_t cols);
+
+/// A contiguous run [begin, begin + size) of GEMM1 output columns.
+struct ColumnSpan {
+  int64_t begin = 0, size = 0;
+};
+/// The GEMM1 columns that output columns [col0, col0 + cols) of the activation read: one span
+/// (interleaved layouts, non-gated) or two (the gate and up halves); the second has size 0 when
+/// there is one. Interleaved layouts need col0 and cols on activation_column_align boundaries.
+std::array<ColumnSpan, 2> activation_gemm1_spans(const ActivationSpec& spec, int64_t inter,
+                                                 int64_t col0, int64_t cols);
+/// The column alignment activation blocks need (the interleave group of kUpGateInterleaved, else
+/// 1).
+int64_t activation_column_align(const ActivationSpec& spec);
 
 /// Scalar activation functions, shared by kernels and tests.
 float silu(float x);

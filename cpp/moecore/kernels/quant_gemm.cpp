@@ -125,8 +125,9 @@ void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w
     // The plain GEMM, one weight row at a time widened into our own buffer.
     for (int64_t c = 0; c < n; ++c) {
       load_f32(w.data.at({e, n0 + c, 0}), w.data.dtype, w.k, buffers.codes);
-      gemm_rows_times_wt_ref(a.codes, m, a.ld, buffers.codes, DType::kF32, w.k, 1, w.k, out + c,
-                             ldo);
+      for (int64_t r = 0; r < m; ++r)
+        gemm_rows_times_wt_ref(a.row(r), 1, w.k, buffers.codes, DType::kF32, w.k, 1, w.k,
+                               out + r * ldo + c, ldo);
     }
     return;
   }
@@ -140,7 +141,7 @@ void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w
   for (int64_t c = 0; c < n; ++c) {
     decode_weight_row(w, e, n0 + c, buffers.codes, buffers.w_scales);
     for (int64_t r = 0; r < m; ++r) {
-      const float* ar = a.codes + r * a.ld;
+      const float* ar = a.row(r);
       float acc = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t k0 = b * kb, len = std::min(kb, w.k - k0);

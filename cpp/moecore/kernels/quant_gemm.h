@@ -55,12 +55,15 @@ inline int64_t fp4_group_size(WeightCoding coding) { return coding == WeightCodi
 float fp4_block_scale(WeightCoding coding, uint8_t code);
 
 /// Activation codes for one GEMM: rows of fp32 codes (stride ld) and per-(row, K block) scales
-/// [m, nb] (nb = the weight's num_k_blocks(), or 1 for one scale per row); scales == nullptr
-/// means all ones. integer: codes are int8 values (exact int32 dot with int8 weights).
+/// [rows, nb] (nb = the weight's num_k_blocks(), or 1 for one scale per row); scales == nullptr
+/// means all ones. Row r of a call reads stored row row_index[r] (nullptr: row r), so that k
+/// slots of one token share its single quantized row instead of a permuted copy each.
+/// integer: codes are int8 values (exact int32 dot with int8 weights).
 struct GemmScratch;
 struct ActivationCodes {
   const float* codes = nullptr;
   int64_t ld = 0;
+  const int64_t* row_index = nullptr;
   const float* scales = nullptr;
   int64_t scales_per_row = 1;
   bool integer = false;
@@ -71,9 +74,15 @@ struct ActivationCodes {
   // own thread-local memory. Rows never keep anything in it from one call to the next.
   GemmScratch* scratch = nullptr;
 
+  /// The stored row that row r of the call reads.
+  int64_t stored_row(int64_t r) const { return row_index == nullptr ? r : row_index[r]; }
+  /// Row r's codes [0, K).
+  const float* row(int64_t r) const { return codes + stored_row(r) * ld; }
   /// sa[r, b]: row r's scale for K block b (1 without scales; × 1 is exact).
   float scale(int64_t r, int64_t b) const {
-    return scales == nullptr ? 1.0f : scales[r * scales_per_row + (scales_per_row == 1 ? 0 : b)];
+    return scales == nullptr
+               ? 1.0f
+               : scales[stored_row(r) * scales_per_row + (scales_per_row == 1 ? 0 : b)];
   }
 };
 
@@ -81,6 +90,10 @@ struct ActivationCodes {
 /// activation rows in chunks calls itself on each chunk this way.
 inline ActivationCodes activation_rows_from(const ActivationCodes& a, int64_t r0) {
   ActivationCodes rows = a;
+  if (rows.row_index != nullptr) {
+    rows.row_index += r0;
+    return rows;
+  }
   rows.codes += r0 * a.ld;
   if (rows.scales != nullptr) rows.scales += r0 * a.scales_per_row;
   return rows;

@@ -3,6 +3,7 @@
 #include "moecore/runner/expert_compute.h"
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -328,27 +329,27 @@ T* grown(std::vector<T>& v, int64_t n) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The work items of one GEMM with N outputs: each hit expert's columns in equal blocks, small
-// enough for L2 and numerous enough that `parts` threads all work when few experts are hit;
-// then part_begin cuts the items into `parts` contiguous runs of near-equal cost. Blocks only
-// decide who computes an output, never how, so they do not change any result.
-void plan_items(const ExpertRowMap& rows, const WeightOperand& w, int parts,
-                std::vector<ExpertWorkspace::Item>& items, std::vector<int64_t>& part_begin) {
-  const int64_t n = w.n;
-  const int64_t row_bytes = w.data.shape[2] * dtype_size(w.data.dtype);
+// The work items of one GEMM over `columns` output columns (column_bytes weight bytes each):
+// each hit expert's columns in equal blocks (multiples of `align`), small enough for L2 and
+// numerous enough that `parts` threads all work when few experts are hit; then part_begin cuts
+// the items into `parts` contiguous runs of near-equal cost. Blocks only decide who computes an
+// output, never how, so they do not change any result.
+void plan_items(const ExpertRowMap& rows, int64_t columns, int64_t column_bytes, int64_t align,
+                int parts, std::vector<ExpertWorkspace::Item>& items,
+                std::vector<int64_t>& part_begin) {
   int64_t hit = 0;
   for (int64_t e = 0; e < rows.num_experts(); ++e) hit += rows.offsets[e + 1] > rows.offsets[e];
-  const int64_t by_cache = ceil_div(n * row_bytes, kBlockWeightBytes);
+  const int64_t by_cache = ceil_div(columns * column_bytes, kBlockWeightBytes);
   const int64_t by_threads = hit > 0 ? ceil_div(2 * parts, hit) : 1;
-  const int64_t blocks = std::min(std::max(by_cache, by_threads), ceil_div(n, kColumnAlign));
-  const int64_t cols = ceil_div(ceil_div(n, blocks), kColumnAlign) * kColumnAlign;
+  const int64_t blocks = std::min(std::max(by_cache, by_threads), ceil_div(columns, align));
+  const int64_t cols = ceil_div(ceil_div(columns, blocks), align) * align;
   items.clear();
   int64_t total = 0;
   for (int64_t e = 0; e < rows.num_experts(); ++e) {
     const int64_t m = rows.offsets[e + 1] - rows.offsets[e];
     if (m == 0) continue;
-    for (int64_t c = 0; c < n; c += cols) {
-      items.push_back({e, c, std::min(cols, n - c)});
+    for (int64_t c = 0; c < columns; c += cols) {
+      items.push_back({e, c, std::min(cols, columns - c)});
       total += items.back().cols * (m + kWeightRowCost);
     }
   }
@@ -362,55 +363,66 @@ void plan_items(const ExpertRowMap& rows, const WeightOperand& w, int parts,
   }
 }
 
-// One GEMM over the planned items. Item (e, c0, cols): result[r, c0 : c0 + cols] for expert e's
-// rows r, then its epilogue in place — + bias (f32/f16/bf16 [E, N]), × the row's scale when
-// `scale`, rounded to act_dtype — and, when `store` is given, the block stored to row dest[r]
-// of store ([*, N], act dtype).
-void run_items(const ExpertMlp& mlp, const ExpertGemm& g, const ActivationCodes& in,
-               const ExpertRowMap& rows, const std::vector<ExpertWorkspace::Item>& items,
-               const std::vector<int64_t>& part_begin, std::vector<float>& bias_scratch,
-               std::vector<GemmScratch>& scratch, bool scale, float* result,
-               const TensorView* store) {
-  const int64_t n = g.weight.n;
+// Weight bytes of one output column of `w` (one weight row).
+int64_t weight_row_bytes(const WeightOperand& w) {
+  return w.data.shape[2] * dtype_size(w.data.dtype);
+}
+
+// GEMM1 items cover activation columns; this is the column alignment their blocks need: whole
+// 16-lane vectors, the interleave group of an interleaved layout (the whole row when I is not a
+// multiple of it) and, when GEMM2's input is quantized in GEMM1's epilogue, its segments.
+int64_t gemm1_column_align(const ExpertMlp& mlp, bool quantize_in_epilogue) {
+  int64_t align = std::lcm(kColumnAlign, activation_column_align(mlp.activation));
+  if (quantize_in_epilogue) align = std::lcm(align, mlp.gemm2.quantize_segment);
+  return mlp.inter % align == 0 ? align : mlp.inter;
+}
+
+// A GEMM's epilogue on a block of m rows × cols columns (stride ld) of expert e's rows from r0,
+// output columns [c0, c0 + cols): + bias, × the row's scale when `scale`, rounded to act_dtype.
+// `bias` is cols floats of scratch.
+void finish_block(const ExpertMlp& mlp, const ExpertGemm& g, const ExpertRowMap& rows, int64_t e,
+                  int64_t r0, int64_t m, int64_t c0, int64_t cols, bool scale, float* block,
+                  int64_t ld, float* bias) {
   const bool has_bias = g.bias.data != nullptr;
+  if (has_bias) load_f32(g.bias.at({e, c0}), g.bias.dtype, cols, bias);
+  for (int64_t r = 0; r < m; ++r) {
+    float* row = block + r * ld;
+    if (has_bias || scale) {
+      const float row_scale = scale ? rows.scale[r0 + r] : 1.0f;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = has_bias ? row[c] + bias[c] : row[c];
+        row[c] = scale ? v * row_scale : v;
+      }
+    }
+    round_in_place(row, cols, mlp.act_dtype);
+  }
+}
+
+// Runs the planned items on the pool: body(part, item, codes) with `in` narrowed to the item's
+// expert rows and pointed at the part's scratch.
+template <typename Body>
+void for_each_item(const ActivationCodes& in, const ExpertRowMap& rows,
+                   const std::vector<ExpertWorkspace::Item>& items,
+                   const std::vector<int64_t>& part_begin, std::vector<GemmScratch>& scratch,
+                   const Body& body) {
   const int64_t parts = static_cast<int64_t>(part_begin.size()) - 1;
-  float* bias_rows = grown(bias_scratch, parts * n);
   if (static_cast<int64_t>(scratch.size()) < parts) scratch.resize(static_cast<size_t>(parts));
   parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
     for (int64_t p = first_part; p < end_part; ++p)
       for (int64_t i = part_begin[p]; i < part_begin[p + 1]; ++i) {
-        const auto [e, c0, cols] = items[i];
-        const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
-        ActivationCodes a = in;
+        ActivationCodes a = activation_rows_from(in, rows.offsets[items[i].expert]);
         a.scratch = &scratch[p];
-        a.codes += r0 * in.ld;
-        if (a.scales != nullptr) a.scales += r0 * a.scales_per_row;
-        float* block = result + r0 * n + c0;
-        mlp.gemm(a, m, g.weight, e, c0, cols, block, n);
-        float* bias = bias_rows + p * n;
-        if (has_bias) load_f32(g.bias.at({e, c0}), g.bias.dtype, cols, bias);
-        for (int64_t r = 0; r < m; ++r) {
-          float* row = block + r * n;
-          if (has_bias || scale) {
-            const float row_scale = scale ? rows.scale[r0 + r] : 1.0f;
-            for (int64_t c = 0; c < cols; ++c) {
-              const float v = has_bias ? row[c] + bias[c] : row[c];
-              row[c] = scale ? v * row_scale : v;
-            }
-          }
-          round_in_place(row, cols, mlp.act_dtype);
-          if (store != nullptr)
-            store_f32(row, cols, mlp.act_dtype, store->at({rows.dest[r0 + r], c0}));
-        }
+        body(p, items[i], a);
       }
   });
 }
 
-// The input codes of a GEMM: `rows` [R, K] quantized in place by the GEMM's quantizer (scales
-// into `scales`), or used as they are (values of act_dtype). Every quantizer emits fp8, fp4 or
-// int8 code values, which bf16 holds exactly, as it holds bf16 activations.
-ActivationCodes quantized_input(const ExpertGemm& g, DType act_dtype, float* rows, int64_t count,
-                                std::vector<float>& scales) {
+// The GEMM input codes of `count` stored rows [count, k] in place: quantized by the GEMM's
+// quantizer (scales into `scales`; only rows with used[r] when `used` is given), or used as they
+// are (values of act_dtype). Every quantizer emits fp8, fp4 or int8 code values, which bf16
+// holds exactly, as it holds bf16 activations. quantized_already: the rows hold codes already.
+ActivationCodes input_codes(const ExpertGemm& g, DType act_dtype, float* rows, int64_t count,
+                            std::vector<float>& scales, bool quantized_already) {
   const int64_t k = g.weight.k;
   ActivationCodes codes;
   codes.codes = rows;
@@ -418,9 +430,10 @@ ActivationCodes quantized_input(const ExpertGemm& g, DType act_dtype, float* row
   codes.bf16_exact = g.quantize || act_dtype == DType::kBF16;
   if (!g.quantize) return codes;
   float* s = grown(scales, count * g.scales_per_row);
-  parallel_for(count, [&](int64_t begin, int64_t end) {
-    g.quantize(rows + begin * k, end - begin, k, k, s + begin * g.scales_per_row);
-  });
+  if (!quantized_already)
+    parallel_for(count, [&](int64_t begin, int64_t end) {
+      g.quantize(rows + begin * k, end - begin, k, k, s + begin * g.scales_per_row);
+    });
   codes.scales = s;
   codes.scales_per_row = g.scales_per_row;
   codes.integer = g.integer_codes;
@@ -441,7 +454,8 @@ void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
   const WeightOperand& w1 = mlp.gemm1.weight;
   const WeightOperand& w2 = mlp.gemm2.weight;
   rows.reserve(max_rows, w1.num_experts);
-  grown(a_, max_rows * mlp.hidden);
+  grown(a_, max_rows * mlp.hidden);  // stored source rows: at most one per token ≤ max_rows
+  grown(source_used_, max_rows);
   grown(h1_, max_rows * w1.n);
   grown(h2_, max_rows * mlp.inter);
   grown(y_, max_rows * mlp.hidden);
@@ -460,22 +474,58 @@ void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
 void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
                         RowScaleAt scale_at) {
   const ExpertRowMap& rows = ws.rows;
-  const int64_t count = rows.rows(), h = mlp.hidden, n1 = mlp.gemm1.weight.n, inter = mlp.inter;
-  float* a = grown(ws.a_, count * h);
+  const ExpertGemm& g1 = mlp.gemm1;
+  const ExpertGemm& g2 = mlp.gemm2;
+  const int64_t count = rows.rows(), h = mlp.hidden, n1 = g1.weight.n, inter = mlp.inter;
+  // Source rows by index: each one the call reads is loaded and quantized once.
+  int64_t sources = 0;
+  for (int64_t r = 0; r < count; ++r) sources = std::max(sources, rows.source[r] + 1);
+  uint8_t* used = grown(ws.source_used_, sources);
+  std::fill(used, used + sources, uint8_t{0});
+  for (int64_t r = 0; r < count; ++r) used[rows.source[r]] = 1;
+  float* stored = grown(ws.a_, sources * h);
+  float* s1 = g1.quantize ? grown(ws.scales1_, sources * g1.scales_per_row) : nullptr;
+  parallel_for(sources, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      if (!used[s]) continue;
+      load(s, stored + s * h);
+      if (g1.quantize) g1.quantize(stored + s * h, 1, h, h, s1 + s * g1.scales_per_row);
+    }
+  });
+  ActivationCodes in = input_codes(g1, mlp.act_dtype, stored, sources, ws.scales1_,
+                                   /*quantized_already=*/true);
+  in.row_index = rows.source.data();
+
   float* h1 = grown(ws.h1_, count * n1);
   float* h2 = grown(ws.h2_, count * inter);
-  parallel_for(count, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) load(rows.source[r], a + r * h);
-  });
-  const ActivationCodes in = quantized_input(mlp.gemm1, mlp.act_dtype, a, count, ws.scales1_);
-  plan_items(rows, mlp.gemm1.weight, schedule_parts(), ws.items_, ws.part_begin_);
-  run_items(mlp, mlp.gemm1, in, rows, ws.items_, ws.part_begin_, ws.bias_, ws.scratch_,
-            scale_at == RowScaleAt::kGemm1, h1, nullptr);
+  const bool quantize2 = g2.quantize && g2.quantize_segment > 0;
+  float* s2 = quantize2 ? grown(ws.scales2_, count * g2.scales_per_row) : nullptr;
   ActivationSpec rounded = mlp.activation;
   rounded.round_dtype = mlp.act_dtype;
-  parallel_for(count, [&](int64_t begin, int64_t end) {
-    apply_activation(rounded, h1 + begin * n1, n1, h2 + begin * inter, inter, end - begin, inter);
-  });
+  const int64_t w1_bytes = weight_row_bytes(g1.weight) * (n1 / inter);
+  plan_items(rows, inter, w1_bytes, gemm1_column_align(mlp, quantize2), schedule_parts(), ws.items_,
+             ws.part_begin_);
+  float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n1);
+  for_each_item(
+      in, rows, ws.items_, ws.part_begin_, ws.scratch_,
+      [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {
+        const auto [e, col0, cols] = item;
+        const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
+        float* block = h1 + r0 * n1;
+        for (const ColumnSpan& span : activation_gemm1_spans(mlp.activation, inter, col0, cols)) {
+          if (span.size == 0) continue;
+          mlp.gemm(a, m, g1.weight, e, span.begin, span.size, block + span.begin, n1);
+          finish_block(mlp, g1, rows, e, r0, m, span.begin, span.size,
+                       scale_at == RowScaleAt::kGemm1, block + span.begin, n1,
+                       bias_rows + part * n1);
+        }
+        float* act = h2 + r0 * inter + col0;
+        apply_activation_block(rounded, block, n1, act, inter, m, inter, col0, cols);
+        if (!quantize2) return;
+        const int64_t scale0 = g2.scales_per_row == 1 ? 0 : col0 / g2.quantize_segment;
+        for (int64_t r = 0; r < m; ++r)
+          g2.quantize(act + r * inter, 1, cols, inter, s2 + (r0 + r) * g2.scales_per_row + scale0);
+      });
 }
 
 const float* expert_activations(const ExpertWorkspace& ws) { return ws.h2_.data(); }
@@ -483,13 +533,26 @@ const float* expert_activations(const ExpertWorkspace& ws) { return ws.h2_.data(
 void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                         const TensorView& out) {
   const ExpertRowMap& rows = ws.rows;
-  const int64_t count = rows.rows();
-  float* y = grown(ws.y_, count * mlp.hidden);
+  const ExpertGemm& g2 = mlp.gemm2;
+  const int64_t count = rows.rows(), n = g2.weight.n;
+  float* y = grown(ws.y_, count * n);
+  const bool quantized_in_gemm1 = g2.quantize && g2.quantize_segment > 0;
   const ActivationCodes in =
-      quantized_input(mlp.gemm2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_);
-  plan_items(rows, mlp.gemm2.weight, schedule_parts(), ws.items_, ws.part_begin_);
-  run_items(mlp, mlp.gemm2, in, rows, ws.items_, ws.part_begin_, ws.bias_, ws.scratch_,
-            scale_at == RowScaleAt::kGemm2, y, &out);
+      input_codes(g2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_, quantized_in_gemm1);
+  plan_items(rows, n, weight_row_bytes(g2.weight), kColumnAlign, schedule_parts(), ws.items_,
+             ws.part_begin_);
+  float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n);
+  for_each_item(in, rows, ws.items_, ws.part_begin_, ws.scratch_,
+                [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {
+                  const auto [e, c0, cols] = item;
+                  const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
+                  float* block = y + r0 * n + c0;
+                  mlp.gemm(a, m, g2.weight, e, c0, cols, block, n);
+                  finish_block(mlp, g2, rows, e, r0, m, c0, cols, scale_at == RowScaleAt::kGemm2,
+                               block, n, bias_rows + part * n);
+                  for (int64_t r = 0; r < m; ++r)
+                    store_f32(block + r * n, cols, mlp.act_dtype, out.at({rows.dest[r0 + r], c0}));
+                });
 }
 
 void run_expert_mlp(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,

@@ -88,6 +88,11 @@ struct ExpertGemm {
   ActivationQuantizer quantize;
   int64_t scales_per_row = 1;
   bool integer_codes = false;  // the quantizer emits int8 values (exact int32 dot with kInt8)
+  // > 0: the quantizer treats each run of this many columns from column 0 (the last may be
+  // shorter) on its own, with one scale per run when scales_per_row > 1 (per-token-group and
+  // nvfp4 rules, elementwise static ones with 1). GEMM2's input is then quantized in GEMM1's
+  // epilogue, column block by column block. 0: whole rows (per-token rules).
+  int64_t quantize_segment = 0;
 };
 
 /// The whole expert MLP contract: GEMM1 (N1 = 2I gated, else I) → activation → GEMM2 (H).
@@ -167,6 +172,7 @@ class ExpertWorkspace {
                                  const TensorView&);
   friend const float* expert_activations(const ExpertWorkspace&);
   std::vector<float> a_, scales1_, h1_, h2_, scales2_, y_, bias_;
+  std::vector<uint8_t> source_used_;
   std::vector<Item> items_;
   std::vector<int64_t> part_begin_;
   std::vector<GemmScratch> scratch_;  // one per schedule part
@@ -176,11 +182,15 @@ class ExpertWorkspace {
 /// read once per call, in L2-sized column blocks, and every thread has work even when one
 /// expert is hit. Each output element is the same dot in the same order whatever the blocks, the
 /// thread count or the batch, so results are bitwise batch invariant.
-///   phase 1: rows gathered (load) and GEMM1-quantized; GEMM1 over (expert, N1 column block)
-///            items into the compacted [rows, N1] buffer, + b13 (× scale if kGemm1), rounded;
-///            the activation per row, rounded to act_dtype.
-///   phase 2: GEMM2-quantized per row; GEMM2 over (expert, H column block) items, + b2
-///            (× scale if kGemm2), rounded, each row stored to row dest[r] of out ([*, H]).
+///   phase 1: each source row the call reads loaded and GEMM1-quantized once (the k slots of a
+///            token share it: no permuted copy); GEMM1 over (expert, activation column block)
+///            items, each computing the GEMM1 columns its block reads (both halves when gated)
+///            into the compacted [rows, N1] buffer, + b13 (× scale if kGemm1), rounded; then,
+///            in the same item, the activation of its block, rounded to act_dtype, and GEMM2's
+///            quantization of it when GEMM2's quantizer works on segments.
+///   phase 2: GEMM2-quantized per row (unless phase 1 did it); GEMM2 over (expert, H column
+///            block) items, + b2 (× scale if kGemm2), rounded, each row stored to row dest[r]
+///            of out ([*, H]).
 /// The caller holds ws.mutex. run_expert_mlp runs both phases; a backend whose GEMM2 quantizer
 /// needs the whole batch (dynamic per-tensor scale) runs them apart and reads the activations
 /// (expert_activations: [rows, I] fp32) in between.

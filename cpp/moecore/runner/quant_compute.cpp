@@ -211,6 +211,11 @@ int64_t act_scales_per_row(ActQuant rule, int64_t k, int64_t group) {
   return is_group_rule(rule) ? (k + group - 1) / group : 1;
 }
 
+int64_t act_quant_segment(ActQuant rule, int64_t group) {
+  if (is_group_rule(rule)) return group;
+  return rule == ActQuant::kFp8Static ? 1 : 0;
+}
+
 ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale, int64_t group,
                                        bool ue8m0) {
   if (rule == ActQuant::kNone) return {};

@@ -56,6 +56,10 @@ ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale = 0.0f,
 /// Scales per row that make_act_quantizer writes for a K of `k`: ⌈k/group⌉ for group rules, 1
 /// otherwise.
 int64_t act_scales_per_row(ActQuant rule, int64_t k, int64_t group);
+/// ExpertGemm::quantize_segment of a rule: its group (group rules), 1 (the static rule, one
+/// scale for every element), 0 (per-token and dynamic per-tensor rules read the whole row or
+/// batch first).
+int64_t act_quant_segment(ActQuant rule, int64_t group);
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-level entry points (validated; bound to Python for the bit-exact tests). x: [rows, K]

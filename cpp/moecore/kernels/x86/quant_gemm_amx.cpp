@@ -89,7 +89,7 @@ void pack_activation_tiles(const ActivationCodes& a, int64_t m, int64_t m_padded
   for (int64_t r0 = 0; r0 < m_padded; r0 += kTileRows) {
     for (int64_t i = 0; i < kTileRows; ++i) {
       if (r0 + i < m)
-        pack_codes_row(a.codes + (r0 + i) * a.ld, pk, type, rows + i * row_bytes);
+        pack_codes_row(a.row(r0 + i), pk, type, rows + i * row_bytes);
       else
         std::memset(rows + i * row_bytes, 0, static_cast<size_t>(row_bytes));
     }

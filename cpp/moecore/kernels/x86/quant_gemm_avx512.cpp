@@ -41,22 +41,23 @@ struct Buffers {
 template <class Stream>
 struct FloatDots {
   Stream stream;
-  const float* a;
-  int64_t lda;
+  const ActivationCodes* a;
   int64_t ahead = 0;  // prefetch lead (set by walk)
   static constexpr bool kLaneSums = false;  // canonical: each block's dot folded (tile)
 
   template <int R, int C>
   void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
     __m512 acc[R][C];
-    for (int r = 0; r < R; ++r)
+    const float* rows[R];
+    for (int r = 0; r < R; ++r) {
+      rows[r] = a->row(r0 + r) + k0;
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    const float* rows = a + r0 * lda + k0;
+    }
     auto step = [&](int64_t i, __mmask16 mask) __attribute__((always_inline)) {
       __m512 wv[C];
       for (int c = 0; c < C; ++c) wv[c] = stream.load(c, k0 + i, mask);
       for (int r = 0; r < R; ++r) {
-        const __m512 av = _mm512_maskz_loadu_ps(mask, rows + r * lda + i);
+        const __m512 av = _mm512_maskz_loadu_ps(mask, rows[r] + i);
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_add_ps(acc[r][c], _mm512_mul_ps(av, wv[c]));
       }
     };
@@ -105,7 +106,7 @@ struct IntDots {
 
 template <class Stream>
 void run_float(const Call& call, Stream stream) {
-  FloatDots<Stream> dots{stream, call.a.codes, call.a.ld};
+  FloatDots<Stream> dots{stream, &call.a};
   walk_tiles(call, dots);
 }
 
@@ -117,7 +118,7 @@ void run_int8_codes(const Call& call, int16_t* a16) {
   for (int64_t r0 = 0; r0 < call.m; r0 += kIntRowChunk) {
     const int64_t rows = std::min(kIntRowChunk, call.m - r0);
     for (int64_t r = 0; r < rows; ++r) {
-      const float* src = call.a.codes + (r0 + r) * call.a.ld;
+      const float* src = call.a.row(r0 + r);
       for (int64_t i = 0; i < ld; i += 16) {
         const __mmask16 mask = avx512::tail_mask(std::max<int64_t>(k - i, 0));
         const __m512i v = _mm512_cvttps_epi32(_mm512_maskz_loadu_ps(mask, src + i));

@@ -234,8 +234,7 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
     const int64_t rows = std::min(kRowChunk, call.m - r0);
     const ActivationCodes chunk = activation_rows_from(call.a, r0);
     for (int64_t r = 0; r < rows; ++r)
-      pack_codes_row(chunk.codes + r * chunk.ld, pk, CodeType::kBf16,
-                     buffers.a_codes + r * pk.row_bytes());
+      pack_codes_row(chunk.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_bytes());
     const Call part{
         chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
         call.ldo, call.nb, call.kb, call.w_scales};
@@ -334,7 +333,7 @@ void int_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w,
   const int64_t m_padded = (m + kRows - 1) / kRows * kRows;
   const float alpha = expert_alpha(w, e);
   for (int64_t r = 0; r < m; ++r)
-    pack_codes_row(a.codes + r * a.ld, pk, CodeType::kInt16, buffers.a_codes + r * row_bytes);
+    pack_codes_row(a.row(r), pk, CodeType::kInt16, buffers.a_codes + r * row_bytes);
   std::memset(buffers.a_codes + m * row_bytes, 0, static_cast<size_t>((m_padded - m) * row_bytes));
 
   for (int64_t c0 = 0; c0 < n; c0 += kColumnBlock) {

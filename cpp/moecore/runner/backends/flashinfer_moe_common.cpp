@@ -236,6 +236,16 @@ ActivationQuantizer nvfp4_quantizer(float global_scale) {
   };
 }
 
+void use_nvfp4_quantizer(ExpertGemm& g, float global_scale) {
+  g.quantize = nvfp4_quantizer(global_scale);
+  g.quantize_segment = kNvfp4BlockSize;
+}
+
+void use_fp8_multiply_quantizer(ExpertGemm& g, float multiplier) {
+  g.quantize = fp8_multiply_quantizer(multiplier);
+  g.quantize_segment = 1;
+}
+
 ActivationQuantizer fp8_multiply_quantizer(float multiplier) {
   return [multiplier](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
     uint8_t q[kChunk];

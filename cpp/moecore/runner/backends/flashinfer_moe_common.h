@@ -130,6 +130,10 @@ ActivationQuantizer nvfp4_quantizer(float global_scale);
 /// FP8 E4M3 per tensor with a given multiplier (FlashInfer's fp8 input quantizer, sgl-kernel's
 /// x · (1/scale)): formats' fp8_quantize_row_mul, the row replaced by the decoded codes.
 ActivationQuantizer fp8_multiply_quantizer(float multiplier);
+/// g's quantizer set to one of those, with its quantize_segment (nvfp4: its 16-value blocks;
+/// fp8 multiply: elementwise).
+void use_nvfp4_quantizer(ExpertGemm& g, float global_scale);
+void use_fp8_multiply_quantizer(ExpertGemm& g, float multiplier);
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks ("API: expected …, got …"); all throw before anything is written.

@@ -276,6 +276,7 @@ ExpertWeights validated_weights(const TritonMoeQuantInfo& q, const MoeRunnerConf
 void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t group, bool integer) {
   g.quantize = make_act_quantizer(rule, static_scale, group);
   g.scales_per_row = act_scales_per_row(rule, g.weight.k, group);
+  g.quantize_segment = act_quant_segment(rule, group);
   g.integer_codes = integer;
 }
 
@@ -297,10 +298,14 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, ExpertWorkspace&
     plan.s1 = fp8_dynamic_scale(amax, 0.0f);  // per_tensor_absmax: no eps
   }
   set_quantizer(mlp.gemm1, plan.q1, plan.s1, plan.group, plan.integer);
-  expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
-  if (plan.q2 == ActQuant::kFp8PerTensorDynamic)
-    plan.s2 = fp8_dynamic_scale(amax_rows(expert_activations(ws), ws.rows.rows(), I, I), 0.0f);
+  // A segment rule quantizes GEMM2's input in GEMM1's epilogue; the dynamic per-tensor rule
+  // (segment 0) reads every activation first and is set again once its scale is known.
   set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
+  expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
+  if (plan.q2 == ActQuant::kFp8PerTensorDynamic) {
+    plan.s2 = fp8_dynamic_scale(amax_rows(expert_activations(ws), ws.rows.rows(), I, I), 0.0f);
+    set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
+  }
   expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots));
 }
 
