@@ -523,5 +523,41 @@ TEST(ExpertScheduleTest, FusedEpiloguesGiveTheBitsOfTheUnfusedPipeline) {
   ThreadPool::instance().set_num_threads(available_cpus());
 }
 
+// GEMM2's phase with the top-k sum in its epilogue gives the bits of the phase storing per-slot
+// rows followed by combine_topk: weighted and not, a routed scaling factor, ids −1, bf16 and f32
+// activations, 1, 3 and 8 threads (8: several column blocks per part).
+TEST(ExpertScheduleTest, SummedGemm2GivesTheBitsOfSlotRowsThenCombine) {
+  std::mt19937 rng(37);
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    MoeProblem p = make_problem(rng, 11, 5, 96, 48, 3, dtype);
+    p.topk_ids.ptr<int32_t>()[4] = -1;  // token 1, slot 1
+    p.topk_ids.ptr<int32_t>()[9] = -1;  // token 3, slot 0
+    const Tensor b2 = testing::random_tensor(rng, {p.E, p.H}, dtype);
+    const ExpertWeights w = check_expert_weights("test", p.w13, p.w2, Tensor(), b2, true);
+    const ExpertMlp mlp =
+        dense_expert_mlp(w, ActivationSpec{}, scaled_gemm_kernel(current_isa_level()));
+    const RoutedTokens tokens =
+        check_routed_tokens("test", p.x, StandardTopKOutput{p.topk_weights, p.topk_ids, {}}, w);
+    for (bool weighted : {false, true})
+      for (int threads : {1, 3, 8}) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " weighted=" << weighted << " threads=" << threads);
+        ThreadPool::instance().set_num_threads(threads);
+        const RowScaleAt scale_at = weighted ? RowScaleAt::kNone : RowScaleAt::kGemm2;
+        ExpertWorkspace ws;
+        ws.rows.group_slots(tokens, p.E, /*with_scale=*/true);
+        expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
+        const Tensor slots = Tensor::zeros({p.T, p.k, p.H}, dtype);
+        expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots.view()));
+        const Tensor want = Tensor::empty({p.T, p.H}, dtype);
+        combine_topk(tokens, slots.view(), weighted, 0.75f, want.view());
+        const Tensor got = Tensor::empty({p.T, p.H}, dtype);
+        expert_gemm2_summed_phase(mlp, ws, scale_at, TopkSum{&tokens, weighted, 0.75f, got.view()});
+        ASSERT_EQ(testing::to_floats(got), testing::to_floats(want));
+      }
+  }
+  ThreadPool::instance().set_num_threads(available_cpus());
+}
+
 }  // namespace
 }  // namespace moecore

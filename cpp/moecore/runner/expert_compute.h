@@ -148,6 +148,8 @@ class SourceRowFn {
   void (*call_)(const void*, int64_t, float*);
 };
 
+struct TopkSum;
+
 /// The buffers of the expert schedule, owned by a runner core or a fused func and reused across
 /// calls: they grow only when a call needs more, so a steady state allocates nothing. One call
 /// at a time: the caller holds `mutex` for the whole call (a runner used from two threads takes
@@ -170,9 +172,12 @@ class ExpertWorkspace {
   friend void expert_gemm1_phase(const ExpertMlp&, ExpertWorkspace&, SourceRowFn, RowScaleAt);
   friend void expert_gemm2_phase(const ExpertMlp&, ExpertWorkspace&, RowScaleAt,
                                  const TensorView&);
+  friend void expert_gemm2_summed_phase(const ExpertMlp&, ExpertWorkspace&, RowScaleAt,
+                                        const TopkSum&);
   friend const float* expert_activations(const ExpertWorkspace&);
   std::vector<float> a_, scales1_, h1_, h2_, scales2_, y_, bias_;
   std::vector<uint8_t> source_used_;
+  std::vector<int64_t> slot_row_;  // the row of each slot t·k + j, or −1 (summed phase 2)
   std::vector<Item> items_;
   std::vector<int64_t> part_begin_;
   std::vector<GemmScratch> scratch_;  // one per schedule part
@@ -201,6 +206,23 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
 const float* expert_activations(const ExpertWorkspace& ws);
 void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                         const TensorView& out);
+
+/// The top-k sum of combine_topk, done by GEMM2's schedule instead of a combine step over stored
+/// slot rows: out[t] = round(rsf · Σ_j v[t, j] (× w[t, j] if weighted)) over token t's slots j
+/// with id ≥ 0 in increasing j, where v[t, j] is the slot's GEMM2 row as phase 2 would store it
+/// (+0 for a slot no row computes). The same bits as expert_gemm2_phase then combine_topk.
+struct TopkSum {
+  const RoutedTokens* tokens = nullptr;
+  bool weighted = false;
+  float routed_scaling_factor = 1.0f;
+  TensorView out;  // [T, H], rows contiguous
+};
+/// Phase 2 with the top-k sum in its epilogue: items are H column blocks, each running GEMM2 for
+/// every hit expert's rows and then summing every token's slots over its columns, so each
+/// expert's weights are still read once per call. ws.rows must map rows to slots (dest[r] =
+/// t·k + j: group_slots or from_block_layout).
+void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
+                               const TopkSum& sum);
 
 /// The GEMM1 input of row t: token t's hidden state, in fp32 (a SourceRowFn target; `tokens`
 /// must outlive the returned loader).

@@ -280,11 +280,21 @@ void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t gro
   g.integer_codes = integer;
 }
 
+/// GEMM2's phase: into the per-slot rows `slots` [T, k, H], or, with `sum`, summed over top-k
+/// into sum->out in the same step (the post-permute's combine, fused).
+void gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
+                 const TensorView& slots, const TopkSum* sum) {
+  if (sum != nullptr)
+    expert_gemm2_summed_phase(mlp, ws, scale_at, *sum);
+  else
+    expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots));
+}
+
 /// The quantized expert compute on the shared schedule, its two phases apart so that a dynamic
 /// per-tensor GEMM2 scale sees every activation row first (rows of invalid slots would be zero
 /// in sglang's buffer, so they never change the amax). ws.rows holds the call's rows.
 void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, ExpertWorkspace& ws,
-                   RowScaleAt scale_at, const TensorView& slots) {
+                   RowScaleAt scale_at, const TensorView& slots, const TopkSum* sum) {
   ExpertMlp& mlp = plan.mlp;
   const int64_t H = plan.shape.hidden, I = plan.shape.inter;
   if (plan.q1 == ActQuant::kFp8PerTensorDynamic) {
@@ -306,7 +316,7 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, ExpertWorkspace&
     plan.s2 = fp8_dynamic_scale(amax_rows(expert_activations(ws), ws.rows.rows(), I, I), 0.0f);
     set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
   }
-  expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots));
+  gemm2_phase(mlp, ws, scale_at, slots, sum);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,38 +368,56 @@ class TritonRunnerCore : public RunnerCore {
                       RunningState&) override {
     auto* in = dynamic_cast<const TritonRunnerInput*>(runner_input.get());
     MOECORE_CHECK_DTYPE(in != nullptr, "TritonRunnerCore.run: expected a TritonRunnerInput");
+    auto out = std::make_shared<TritonRunnerOutput>();
+    out->hidden_states = compute(*in, quant_info, /*combine=*/false);
+    return out;
+  }
+
+  /// The expert compute of one runner input: the per-slot rows [T, k, H] (the core's output),
+  /// or, with `combine`, the post-permute's result ([T, H], or hidden_states when inplace) with
+  /// the top-k sum fused into GEMM2's schedule (the same bits as the core, then the combine).
+  Tensor compute(const TritonRunnerInput& in, const QuantInfoPtr& quant_info, bool combine) {
     const TritonMoeQuantInfo& info = as_triton_info(quant_info);
     std::optional<QuantPlan> plan;
     ExpertWeights w;
     if (info.is_quantized()) {
-      MOECORE_CHECK(in->hidden_states.defined(), kApi, ": hidden_states is required");
-      plan = make_quant_plan(info, config_, in->hidden_states.dtype());
+      MOECORE_CHECK(in.hidden_states.defined(), kApi, ": hidden_states is required");
+      plan = make_quant_plan(info, config_, in.hidden_states.dtype());
       w = plan->shape;
     } else {
-      w = validated_weights(info, config_, in->hidden_states);
+      w = validated_weights(info, config_, in.hidden_states);
     }
     const RoutedTokens tokens =
-        check_routed_tokens("TritonRunnerCore.run", in->hidden_states,
-                            StandardTopKOutput{in->topk_weights, in->topk_ids, {}}, w);
-    auto out = std::make_shared<TritonRunnerOutput>();
-    out->hidden_states = Tensor::zeros({tokens.num_tokens, tokens.top_k, w.hidden}, w.dtype);
-    if (tokens.num_tokens == 0) return out;  // R9: no kernel for empty input
+        check_routed_tokens("TritonRunnerCore.run", in.hidden_states,
+                            StandardTopKOutput{in.topk_weights, in.topk_ids, {}}, w);
+    Tensor result;
+    if (!combine)
+      result = Tensor::zeros({tokens.num_tokens, tokens.top_k, w.hidden}, w.dtype);
+    else if (config_.inplace)
+      result = in.hidden_states;
+    else
+      result = Tensor::empty({tokens.num_tokens, w.hidden}, w.dtype);
+    if (tokens.num_tokens == 0) return result;  // R9: no kernel for empty input
 
     const RowScaleAt scale_at =
         config_.apply_router_weight_on_input ? RowScaleAt::kGemm1 : RowScaleAt::kGemm2;
     ExpertWorkspace& ws = *workspace_;
     std::lock_guard<std::mutex> lock(ws.mutex);
-    ws.rows.from_block_layout(in->sorted_token_ids.ptr<int32_t>(), in->expert_ids.ptr<int32_t>(),
-                              in->num_tokens_post_padded / kBlockM, kBlockM, tokens,
-                              w.num_experts, /*with_scale=*/true);
-    const TensorView slots = out->hidden_states.view();
+    ws.rows.from_block_layout(in.sorted_token_ids.ptr<int32_t>(), in.expert_ids.ptr<int32_t>(),
+                              in.num_tokens_post_padded / kBlockM, kBlockM, tokens, w.num_experts,
+                              /*with_scale=*/true);
+    const TopkSum sum{&tokens, /*weighted=*/false, config_.routed_scaling_factor.value_or(1.0f),
+                      result.view()};
+    const TopkSum* summed = combine ? &sum : nullptr;
+    const TensorView slots = combine ? TensorView{} : result.view();
     if (plan) {
-      run_quantized(*plan, tokens, ws, scale_at, slots);
+      run_quantized(*plan, tokens, ws, scale_at, slots, summed);
     } else {
-      run_expert_mlp(dense_expert_mlp(w, spec_, gemm_), ws, token_rows(tokens), scale_at,
-                     slot_rows(slots));
+      const ExpertMlp mlp = dense_expert_mlp(w, spec_, gemm_);
+      expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
+      gemm2_phase(mlp, ws, scale_at, slots, summed);
     }
-    return out;
+    return result;
   }
 
  private:
@@ -457,10 +485,9 @@ class TritonPreparedRun : public PreparedRun {
     sorted_token_ids_ = Tensor::empty({std::max<int64_t>(padded, 1)}, DType::kI32);
     expert_ids_ = Tensor::empty({std::max<int64_t>(padded / kBlockM, 1)}, DType::kI32);
     start_.resize(static_cast<size_t>(E + 1));
-    slots_ = Tensor::zeros({T, k, weights_.hidden}, weights_.dtype);
     if (config.no_combine)
-      result_ = slots_;
-    else
+      result_ = Tensor::zeros({T, k, weights_.hidden}, weights_.dtype);  // the per-slot rows
+    else  // the top-k sum is fused into GEMM2's schedule: no per-slot rows
       result_ = config.inplace ? x_ : Tensor::empty({T, weights_.hidden}, weights_.dtype);
     combine_input_ = std::make_shared<StandardCombineInput>(result_);
     workspace_.reserve(plan_ ? plan_->mlp : mlp_, T * k);
@@ -481,15 +508,17 @@ class TritonPreparedRun : public PreparedRun {
     ws.rows.from_block_layout(sorted_token_ids_.ptr<int32_t>(), expert_ids_.ptr<int32_t>(),
                               padded / kBlockM, kBlockM, tokens, weights_.num_experts,
                               /*with_scale=*/true);
-    const TensorView slots = slots_.view();
-    zero_view(slots);  // invalid slots stay 0
-    if (plan_)
-      run_quantized(*plan_, tokens, ws, scale_at, slots);
-    else
-      run_expert_mlp(mlp_, ws, token_rows(tokens), scale_at, slot_rows(slots));
-    if (!config_.no_combine)
-      combine_topk(tokens, slots, /*weighted=*/false, config_.routed_scaling_factor.value_or(1.0f),
-                   result_.view());
+    const TopkSum sum{&tokens, /*weighted=*/false, config_.routed_scaling_factor.value_or(1.0f),
+                      result_.view()};
+    const TopkSum* summed = config_.no_combine ? nullptr : &sum;
+    const TensorView slots = config_.no_combine ? result_.view() : TensorView{};
+    if (summed == nullptr) zero_view(slots);  // invalid slots stay 0
+    if (plan_) {
+      run_quantized(*plan_, tokens, ws, scale_at, slots, summed);
+    } else {
+      expert_gemm1_phase(mlp_, ws, token_rows(tokens), scale_at);
+      gemm2_phase(mlp_, ws, scale_at, slots, summed);
+    }
   }
 
  private:
@@ -501,7 +530,7 @@ class TritonPreparedRun : public PreparedRun {
   ExpertWeights weights_;
   std::optional<QuantPlan> plan_;
   ExpertMlp mlp_;
-  Tensor sorted_token_ids_, expert_ids_, slots_, result_;
+  Tensor sorted_token_ids_, expert_ids_, result_;
   std::vector<int64_t> start_;
   ExpertWorkspace workspace_;
 };
@@ -518,7 +547,10 @@ CombineInputPtr fused_none_to_triton(const DispatchOutputPtr& dispatch, const Qu
   RunningState state;
   RunnerInputPtr input = pre_permute_standard_to_triton(dispatch, q, config, state);
   TritonRunnerCore core(config, workspace);
-  return post_permute_triton_to_standard(core.run(input, q, state), q, config, state);
+  if (config.no_combine)
+    return post_permute_triton_to_standard(core.run(input, q, state), q, config, state);
+  const auto& in = static_cast<const TritonRunnerInput&>(*input);
+  return std::make_shared<StandardCombineInput>(core.compute(in, q, /*combine=*/true));
 }
 
 std::unique_ptr<RunnerCore> make_triton_core(const MoeRunnerConfig& config) {
