@@ -23,11 +23,8 @@ namespace {
 
 constexpr int64_t kChunk = 512;  // values per stack chunk (a multiple of the NVFP4 block)
 
-/// Σ_j w[t, j] · slots[t, j] over valid slots in fp32, slot order, rounded once to out's dtype;
-/// then, when rsf is set, out = round(out · rsf) (sglang multiplies the finished output).
-void combine_weighted(const RoutedTokens& local, const Tensor& slots, const Tensor& out,
-                      const std::optional<float>& rsf) {
-  combine_topk(local, slots.view(), /*weighted=*/true, 1.0f, out.view());
+/// When rsf is set, out = round(out · rsf): sglang multiplies the finished output.
+void scale_output(const Tensor& out, const std::optional<float>& rsf) {
   if (!rsf) return;
   const float factor = *rsf;
   const int64_t hidden = out.size(1);
@@ -198,7 +195,6 @@ TokenMajorRun::TokenMajorRun(const char* api, TokenMajorPlan plan,
   const ExpertMlp& mlp = plan_.mlp;
   out_ = flashinfer_output_buffer(api, in, num_tokens, mlp.hidden, mlp.act_dtype);
   combine_input_ = flashinfer_combine_input(in, out_);
-  slots_ = Tensor::empty({num_tokens, top_k, mlp.hidden}, mlp.act_dtype);
   std::lock_guard<std::mutex> lock(workspace_->mutex);  // a shared workspace may be in use
   workspace_->reserve(mlp, num_tokens * top_k);
 }
@@ -214,9 +210,13 @@ void TokenMajorRun::run() {
     ExpertWorkspace& ws = *workspace_;
     std::lock_guard<std::mutex> lock(ws.mutex);
     ws.rows.group_slots(tokens_, plan_.num_local_experts, /*with_scale=*/false);
-    run_expert_mlp(plan_.mlp, ws, plan_.load_row, RowScaleAt::kNone, slot_rows(slots_.view()));
+    expert_gemm1_phase(plan_.mlp, ws, plan_.load_row, RowScaleAt::kNone);
+    // Σ_j w[t, j] · slot[t, j] over valid slots in fp32, slot order, rounded once to out's
+    // dtype: the combine, fused into GEMM2's schedule (no per-slot rows).
+    expert_gemm2_summed_phase(plan_.mlp, ws, RowScaleAt::kNone,
+                              TopkSum{&tokens_, /*weighted=*/true, 1.0f, out_.view()});
   }
-  combine_weighted(tokens_, slots_, out_, plan_.routed_scaling_factor);
+  scale_output(out_, plan_.routed_scaling_factor);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -112,7 +112,6 @@ class TokenMajorRun final : public PreparedRun {
   TokenMajorPlan plan_;
   Tensor local_ids_;  // i32 [T, k]
   RoutedTokens tokens_;
-  Tensor slots_;  // [T, k, H] of the act dtype; rows of slots with id −1 are never read
   Tensor out_;
   std::shared_ptr<ExpertWorkspace> workspace_;
 };
