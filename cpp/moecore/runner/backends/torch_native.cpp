@@ -179,27 +179,32 @@ class TorchNativePreparedRun : public PreparedRun {
     ActivationSpec spec = activation_spec(config, kApi);
     spec.round_before_mul = true;
     mlp_ = dense_expert_mlp(weights_, spec, scaled_gemm_kernel(config.kernel_level()));
-    slots_ = Tensor::zeros({tokens.num_tokens, tokens.top_k, weights_.hidden}, weights_.dtype);
-    result_ = config.no_combine ? slots_
-                                : Tensor::empty({tokens.num_tokens, weights_.hidden},
-                                                weights_.dtype);
+    // no_combine returns the per-slot rows; otherwise the top-k sum is fused into GEMM2's
+    // schedule and no per-slot rows exist.
+    result_ = config.no_combine
+                  ? Tensor::zeros({tokens.num_tokens, tokens.top_k, weights_.hidden}, weights_.dtype)
+                  : Tensor::empty({tokens.num_tokens, weights_.hidden}, weights_.dtype);
     combine_input_ = std::make_shared<StandardCombineInput>(result_);
     workspace_.reserve(mlp_, tokens.num_tokens * tokens.top_k);
   }
 
   void run() override {
     const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
-    const TensorView slots = slots_.view();
-    zero_view(slots);  // invalid slots stay 0
     std::lock_guard<std::mutex> lock(workspace_.mutex);
     workspace_.rows.group_slots(tokens, weights_.num_experts, /*with_scale=*/false);
+    if (!config_.no_combine) {
+      expert_gemm1_phase(mlp_, workspace_, token_rows(tokens), RowScaleAt::kNone);
+      expert_gemm2_summed_phase(
+          mlp_, workspace_, RowScaleAt::kNone,
+          TopkSum{&tokens, /*weighted=*/true, config_.routed_scaling_factor.value_or(1.0f),
+                  result_.view()});
+      return;
+    }
+    const TensorView slots = result_.view();
+    zero_view(slots);  // invalid slots stay 0
     if (workspace_.rows.rows() > 0)
       run_expert_mlp(mlp_, workspace_, token_rows(tokens), RowScaleAt::kNone, slot_rows(slots));
-    if (config_.no_combine)
-      weight_slots(tokens, slots);
-    else
-      combine_topk(tokens, slots, /*weighted=*/true, config_.routed_scaling_factor.value_or(1.0f),
-                   result_.view());
+    weight_slots(tokens, slots);
   }
 
  private:
@@ -210,7 +215,7 @@ class TorchNativePreparedRun : public PreparedRun {
   Tensor x_;
   StandardTopKOutput topk_;
   ExpertMlp mlp_;
-  Tensor slots_, result_;
+  Tensor result_;
   ExpertWorkspace workspace_;
 };
 
