@@ -1,13 +1,18 @@
-// The canonical rows of the scaled GEMM (scalar and avx512, whichever this machine has) are
+// The canonical rows of the scaled GEMM (scalar, avx2 and avx512, whichever this machine has) are
 // bitwise equal to scaled_gemm_ref for every weight coding and scale mode, with K tails (not a
 // multiple of 16 or 32), odd N, an output column offset and M from 1 to 33; NaN fp8 codes give
-// NaN outputs in both.
+// NaN outputs in both. The tail test puts NaN (or, for int8 and fp4 data, large codes) just past
+// K in every weight and activation row, then repeats the call on copies that end at an
+// inaccessible page: a row that adds a lane past K, or reads past a row's end, fails it.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -42,7 +47,9 @@ struct Case {
 
 constexpr int64_t kExperts = 2, kExpert = 1;
 
-Case make_case(std::mt19937& rng, Mode mode, int64_t n, int64_t k) {
+// `pad` > 0: each weight row is stored with `pad` more elements (bytes for fp4), not part of the
+// operand (w.data's last dim is K), that the caller may fill with poison.
+Case make_case(std::mt19937& rng, Mode mode, int64_t n, int64_t k, int64_t pad = 0) {
   std::uniform_real_distribution<float> positive(0.25f, 2.0f);
   std::uniform_int_distribution<int> byte(0, 255);
   Case c;
@@ -61,18 +68,22 @@ Case make_case(std::mt19937& rng, Mode mode, int64_t n, int64_t k) {
     for (int64_t i = 0; i < c.scale.numel(); ++i) c.scale.ptr<float>()[i] = positive(rng);
   };
   switch (mode) {
-    case Mode::kF32: c.data = testing::random_tensor(rng, {kExperts, n, k}, DType::kF32); break;
-    case Mode::kF16: c.data = testing::random_tensor(rng, {kExperts, n, k}, DType::kF16); break;
+    case Mode::kF32:
+      c.data = testing::random_tensor(rng, {kExperts, n, k + pad}, DType::kF32);
+      break;
+    case Mode::kF16:
+      c.data = testing::random_tensor(rng, {kExperts, n, k + pad}, DType::kF16);
+      break;
     case Mode::kBf16:
     case Mode::kBf16Scaled:
-      c.data = testing::random_tensor(rng, {kExperts, n, k}, DType::kBF16);
+      c.data = testing::random_tensor(rng, {kExperts, n, k + pad}, DType::kBF16);
       break;
     case Mode::kFp8Tensor:
     case Mode::kFp8Channel:
     case Mode::kFp8Block:
     case Mode::kFp8OddBlock:
       w.coding = WeightCoding::kFp8;
-      c.data = Tensor::empty({kExperts, n, k}, DType::kF8E4M3);
+      c.data = Tensor::empty({kExperts, n, k + pad}, DType::kF8E4M3);
       random_bytes(c.data, 0, 255);
       for (int64_t i = 0; i < c.data.numel(); ++i) {  // NaN codes only where the NaN test puts them
         uint8_t& q = static_cast<uint8_t*>(c.data.view().data)[i];
@@ -91,7 +102,7 @@ Case make_case(std::mt19937& rng, Mode mode, int64_t n, int64_t k) {
     case Mode::kInt8Tensor:
     case Mode::kInt8Int8:
       w.coding = WeightCoding::kInt8;
-      c.data = Tensor::empty({kExperts, n, k}, DType::kI8);
+      c.data = Tensor::empty({kExperts, n, k + pad}, DType::kI8);
       random_bytes(c.data, 0, 255);
       if (mode == Mode::kInt8Tensor)
         f32_scales({kExperts});
@@ -102,7 +113,7 @@ Case make_case(std::mt19937& rng, Mode mode, int64_t n, int64_t k) {
     case Mode::kMxfp4: {
       const bool nv = mode == Mode::kNvfp4;
       w.coding = nv ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4;
-      c.data = Tensor::empty({kExperts, n, k / 2}, DType::kU8);
+      c.data = Tensor::empty({kExperts, n, k / 2 + pad}, DType::kU8);
       random_bytes(c.data, 0, 255);
       c.scale = Tensor::empty({kExperts, n, k / fp4_group_size(w.coding)}, DType::kU8);
       // e4m3 scales 2^-6 .. 448 without NaN; e8m0 scales 2^-20 .. 2^20.
@@ -121,6 +132,7 @@ Case make_case(std::mt19937& rng, Mode mode, int64_t n, int64_t k) {
     w.alpha = c.alpha.view();
   }
   w.data = c.data.view();
+  w.data.shape[2] -= pad;
   if (c.scale.numel() > 0) w.scale = c.scale.view();
   return c;
 }
@@ -252,21 +264,155 @@ TEST(QuantGemmRowIndexTest, IndexedRowsGiveTheBitsOfACopyAtEveryLevel) {
   }
 }
 
+// Writes poison into the `pad` elements past K of every weight row: NaN where the coding has one
+// (a lane past K then makes the output NaN even against a zero activation), else the largest code.
+void poison_row_padding(Case& c, int64_t pad) {
+  const TensorView& d = c.data.view();
+  const int64_t rows = d.shape[0] * d.shape[1], stored = d.shape[2], k = stored - pad;
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t i = k; i < stored; ++i) {
+      void* at = static_cast<char*>(d.data) + (row * stored + i) * dtype_size(d.dtype);
+      switch (c.mode) {
+        case Mode::kF32:
+          *static_cast<float*>(at) = std::nanf("");
+          break;
+        case Mode::kF16:
+          *static_cast<uint16_t*>(at) = 0x7e00;
+          break;
+        case Mode::kBf16:
+        case Mode::kBf16Scaled:
+          *static_cast<uint16_t*>(at) = 0x7fc0;
+          break;
+        case Mode::kNvfp4:
+        case Mode::kMxfp4:
+          *static_cast<uint8_t*>(at) = 0x77;
+          break;  // e2m1 6, 6
+        case Mode::kInt8Channel:
+        case Mode::kInt8Tensor:
+        case Mode::kInt8Int8:
+          *static_cast<int8_t*>(at) = 127;
+          break;
+        default:
+          *static_cast<uint8_t*>(at) = 0x7f;
+          break;  // fp8 NaN
+      }
+    }
+  }
+}
+
+// Bytes that end where an inaccessible page starts: a read past the end faults.
+class GuardedBytes {
+ public:
+  explicit GuardedBytes(size_t bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    span_ = (bytes + page - 1) / page * page + page;
+    void* base = mmap(nullptr, span_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) throw std::runtime_error("GuardedBytes: mmap failed");
+    base_ = static_cast<uint8_t*>(base);
+    if (mprotect(base_ + span_ - page, page, PROT_NONE) != 0)
+      throw std::runtime_error("GuardedBytes: mprotect failed");
+    data_ = base_ + span_ - page - bytes;
+  }
+  ~GuardedBytes() { munmap(base_, span_); }
+  GuardedBytes(const GuardedBytes&) = delete;
+  GuardedBytes& operator=(const GuardedBytes&) = delete;
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint8_t* data_ = nullptr;
+  size_t span_ = 0;
+};
+
+class QuantGemmTailTest : public ::testing::TestWithParam<std::tuple<IsaLevel, Mode>> {};
+
+// K tails of every length class (1 to 15 past a 16-lane step, past a 32-lane step, inside and at
+// the end of fp8 blocks of 48 and 40) × M from 1 to 10 (past every row tile: 1 and 3 rows in the
+// avx2 row, 4 and 8 in the avx512 one) × 5 output columns (a padded channel tile). fp4 K is a whole
+// number of scale groups (the reference's contract), so fp4 takes one and three groups. Weights
+// and activations carry poison just past K, which the reference never reads; then the same call
+// on copies that end at an inaccessible page (the last weight row and the last activation row),
+// where a read past K faults.
+TEST_P(QuantGemmTailTest, KTailsAtEveryRowCountBitwiseEqualToScalar) {
+  const auto [level, mode] = GetParam();
+  const ScaledGemmFn kernel = scaled_gemm_kernel(level);
+  const bool nv = mode == Mode::kNvfp4, mx = mode == Mode::kMxfp4;
+  std::mt19937 rng(23);
+  constexpr int64_t kPad = 16, kN = 6;
+  const std::vector<int64_t> ks = nv   ? std::vector<int64_t>{16, 48}
+                                  : mx ? std::vector<int64_t>{32, 96}
+                                       : std::vector<int64_t>{1, 7, 15, 17, 33, 47, 81};
+  for (const int64_t k : ks) {
+    Case c = make_case(rng, mode, kN, k, kPad);
+    poison_row_padding(c, kPad);
+    for (int64_t m = 1; m <= 10; ++m) {
+      SCOPED_TRACE(::testing::Message()
+                   << isa_level_name(level) << " " << mode_name(mode) << " m=" << m << " k=" << k);
+      Activations a = make_activations(rng, c, m);
+      for (int64_t r = 0; r < m; ++r)  // row stride K + 5: NaN past K
+        for (int64_t i = k; i < a.view.ld; ++i) a.codes[r * a.view.ld + i] = std::nanf("");
+      const int64_t ldo = kN + 2, n0 = 1, cols = kN - 1;
+      std::vector<float> out(m * ldo, -1.0f), ref(m * ldo, -1.0f);
+      kernel(a.view, m, c.w, kExpert, n0, cols, out.data(), ldo);
+      scaled_gemm_ref(a.view, m, c.w, kExpert, n0, cols, ref.data(), ldo);
+      for (int64_t i = 0; i < m * ldo; ++i) {
+        ASSERT_TRUE(std::isfinite(ref[i])) << i;
+        ASSERT_TRUE(same_bits(out[i], ref[i])) << "at " << i << ": " << out[i] << " vs " << ref[i];
+      }
+
+      const TensorView& d = c.w.data;
+      const int64_t row_bytes = d.shape[2] * dtype_size(d.dtype), rows = kExperts * kN;
+      GuardedBytes weights(static_cast<size_t>(rows * row_bytes));
+      for (int64_t row = 0; row < rows; ++row)
+        std::memcpy(weights.data() + row * row_bytes,
+                    static_cast<const uint8_t*>(d.data) + row * d.strides[1] * dtype_size(d.dtype),
+                    static_cast<size_t>(row_bytes));
+      WeightOperand guarded_w = c.w;
+      guarded_w.data = make_view(weights.data(), d.dtype, {kExperts, kN, d.shape[2]});
+      GuardedBytes codes(static_cast<size_t>(m * k) * sizeof(float));
+      float* guarded_codes = reinterpret_cast<float*>(codes.data());
+      for (int64_t r = 0; r < m; ++r)
+        std::memcpy(guarded_codes + r * k, &a.codes[r * a.view.ld], k * sizeof(float));
+      ActivationCodes guarded_a = a.view;
+      guarded_a.codes = guarded_codes;
+      guarded_a.ld = k;
+      std::vector<float> guarded(m * ldo, -1.0f);
+      kernel(guarded_a, m, guarded_w, kExpert, n0, cols, guarded.data(), ldo);
+      for (int64_t i = 0; i < m * ldo; ++i)
+        ASSERT_TRUE(same_bits(guarded[i], ref[i])) << "guarded, at " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmTailTest, ::testing::ValuesIn(params()),
+                         [](const auto& info) {
+                           return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
+                                  mode_name(std::get<1>(info.param));
+                         });
+
+// NaN codes in whole 64-code lines (which the avx2 row checks before skipping its NaN fix), in
+// whole steps and in K tails, at every tile shape (M = 1, 2, 5).
 TEST(QuantGemmNanTest, Fp8NanCodesGiveNanOutputsAtEveryCanonicalLevel) {
   std::mt19937 rng(5);
-  Case c = make_case(rng, Mode::kFp8Channel, 3, 40);
-  uint8_t* codes = static_cast<uint8_t*>(c.data.view().data);
-  codes[(kExpert * 3 + 0) * 40 + 5] = 0x7f;   // channel 0: +NaN
-  codes[(kExpert * 3 + 2) * 40 + 33] = 0xff;  // channel 2: −NaN, in the K tail
-  for (IsaLevel level : canonical_levels()) {
-    const Activations a = make_activations(rng, c, 2);
-    std::vector<float> out(2 * 3), ref(2 * 3);
-    scaled_gemm_kernel(level)(a.view, 2, c.w, kExpert, 0, 3, out.data(), 3);
-    scaled_gemm_ref(a.view, 2, c.w, kExpert, 0, 3, ref.data(), 3);
-    for (int64_t r = 0; r < 2; ++r) {
-      EXPECT_TRUE(std::isnan(out[r * 3 + 0]) && std::isnan(ref[r * 3 + 0])) << r;
-      EXPECT_TRUE(same_bits(out[r * 3 + 1], ref[r * 3 + 1])) << r;
-      EXPECT_TRUE(std::isnan(out[r * 3 + 2]) && std::isnan(ref[r * 3 + 2])) << r;
+  for (const int64_t k : {40, 200}) {
+    Case c = make_case(rng, Mode::kFp8Channel, 4, k);
+    uint8_t* codes = static_cast<uint8_t*>(c.data.view().data);
+    codes[(kExpert * 4 + 0) * k + 5] = 0x7f;      // channel 0: +NaN, first line or step
+    codes[(kExpert * 4 + 2) * k + k - 7] = 0xff;  // channel 2: −NaN, in the K tail
+    for (const int64_t m : {1, 2, 5}) {
+      for (IsaLevel level : canonical_levels()) {
+        SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " k=" << k << " m=" << m);
+        const Activations a = make_activations(rng, c, m);
+        std::vector<float> out(m * 4), ref(m * 4);
+        scaled_gemm_kernel(level)(a.view, m, c.w, kExpert, 0, 4, out.data(), 4);
+        scaled_gemm_ref(a.view, m, c.w, kExpert, 0, 4, ref.data(), 4);
+        for (int64_t r = 0; r < m; ++r) {
+          EXPECT_TRUE(std::isnan(out[r * 4 + 0]) && std::isnan(ref[r * 4 + 0])) << r;
+          EXPECT_TRUE(same_bits(out[r * 4 + 1], ref[r * 4 + 1])) << r;
+          EXPECT_TRUE(std::isnan(out[r * 4 + 2]) && std::isnan(ref[r * 4 + 2])) << r;
+          EXPECT_TRUE(same_bits(out[r * 4 + 3], ref[r * 4 + 3])) << r;
+        }
+      }
     }
   }
 }

@@ -2,6 +2,7 @@
 # compiled for baseline x86-64 and the level is chosen at run time (isa/isa.h).
 include(CheckCXXCompilerFlag)
 
+set(MOECORE_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(MOECORE_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c)
 set(MOECORE_ISA_FLAGS_avx512bf16 ${MOECORE_ISA_FLAGS_avx512} -mavx512bf16 -mavx512vnni)
 set(MOECORE_ISA_FLAGS_amx ${MOECORE_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -mamx-int8)

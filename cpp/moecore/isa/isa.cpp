@@ -78,7 +78,11 @@ bool compiled(IsaLevel level) {
     case IsaLevel::kScalar:
       return true;
     case IsaLevel::kAvx2:
+#ifdef MOECORE_COMPILED_AVX2
+      return true;
+#else
       return false;
+#endif
     case IsaLevel::kAvx512:
 #ifdef MOECORE_COMPILED_AVX512
       return true;

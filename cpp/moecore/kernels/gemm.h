@@ -1,6 +1,6 @@
-// The canonical dot order of every fp32 GEMM in moecore: the scalar reference below and the avx512
-// row of the scaled GEMM (kernels/quant_gemm.h) follow it, so their results are bitwise equal
-// across levels, thread counts and batch compositions (DESIGN.md §4, Determinism).
+// The canonical dot order of every fp32 GEMM in moecore: the scalar reference below and the avx2
+// and avx512 rows of the scaled GEMM (kernels/quant_gemm.h) follow it, so their results are
+// bitwise equal across levels, thread counts and batch compositions (DESIGN.md §4, Determinism).
 //
 // Canonical order of Σ_k a[k]·w[k]: 16 fp32 partial sums, lane j adding a[k]·w[k] (a rounded fp32
 // product, no FMA) for k ≡ j (mod 16) in increasing k, starting from +0; then lanes fold

@@ -174,6 +174,9 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
 #ifdef MOECORE_COMPILED_AVX512
   if (level >= IsaLevel::kAvx512) return scaled_gemm_avx512;
 #endif
+#ifdef MOECORE_COMPILED_AVX2
+  if (level >= IsaLevel::kAvx2) return scaled_gemm_avx2;
+#endif
   return scaled_gemm_ref;
 }
 
@@ -186,6 +189,9 @@ size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w) {
 #endif
 #ifdef MOECORE_COMPILED_AVX512
   if (kernel == scaled_gemm_avx512) return scaled_gemm_avx512_scratch_bytes(w);
+#endif
+#ifdef MOECORE_COMPILED_AVX2
+  if (kernel == scaled_gemm_avx2) return scaled_gemm_avx2_scratch_bytes(w);
 #endif
   MOECORE_INTERNAL_CHECK(kernel == scaled_gemm_ref,
                          "gemm_scratch_bytes: not a kernel row of this build");

@@ -154,10 +154,15 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
 /// activation rows in chunks of a fixed count, so this depends on the weight operand only.
 size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w);
 
-/// Scalar reference row; the avx512 row is bit-identical to it.
+/// Scalar reference row; the avx2 and avx512 rows are bit-identical to it.
 void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo);
 size_t scaled_gemm_ref_scratch_bytes(const WeightOperand& w);
+#ifdef MOECORE_COMPILED_AVX2
+void scaled_gemm_avx2(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                      int64_t n0, int64_t n, float* out, int64_t ldo);
+size_t scaled_gemm_avx2_scratch_bytes(const WeightOperand& w);
+#endif
 #ifdef MOECORE_COMPILED_AVX512
 void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                         int64_t n0, int64_t n, float* out, int64_t ldo);

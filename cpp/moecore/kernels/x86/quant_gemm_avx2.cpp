@@ -1,0 +1,576 @@
+// AVX2 row of the scaled-GEMM table (built with -mavx2 -mfma -mf16c; reach it only through
+// scaled_gemm_kernel()). Bit-identical to scaled_gemm_ref: every dot keeps the canonical order of
+// gemm.h (lanes 0–7 and 8–15 of the 16 lane sums in two __m256, mul then add, never FMA; the
+// first fold step adds the two), K tails are zero-padded copies (nothing read past a row), the
+// K-block terms are scaled and added exactly as quant_gemm.h's formula says, and int8×int8 dots
+// are exact int32.
+//
+// The tile walk is the avx512 row's (x86/weight_streams.h) at 8 lanes: a tile of C output
+// channels × R activation rows streams each weight row once, decodes 16 weights at a time in
+// registers (exact; no decoded copy of the weights) and reuses them for all R rows. With 16 ymm
+// registers the tiles are 4 × 1, 2 × 2 and 1 × 4 (walk_tiles). Working memory comes from the
+// call's GemmScratch (Buffers) and never depends on M.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "moecore/core/error.h"
+#include "moecore/formats/fp4.h"
+#include "moecore/kernels/quant_gemm.h"
+
+namespace moecore {
+namespace {
+
+constexpr int kMaxChannels = 4;
+
+// Activation rows widened to int16 at a time by int8 × int8 calls (as in the avx512 row).
+constexpr int64_t kIntRowChunk = 64;
+
+// int16 codes per widened activation row: K rounded up to whole 16-lane loads (zero-padded).
+int64_t int16_row_length(int64_t k) { return (k + 15) / 16 * 16; }
+
+// The row's working memory, the same layout for every call on the weight operand.
+struct Buffers {
+  float* w_scales;  // [kMaxChannels, nb]: K-block scales of the channel tile
+  int16_t* a16;     // [kIntRowChunk, int16_row_length(K)]: widened int8 codes (kInt8)
+  Buffers(ScratchCarver& s, const WeightOperand& w)
+      : w_scales(s.take<float>(kMaxChannels * w.num_k_blocks())),
+        a16(w.coding == WeightCoding::kInt8 ? s.take<int16_t>(kIntRowChunk * int16_row_length(w.k))
+                                            : nullptr) {}
+};
+
+/// _mm256_maskload_ps mask of lanes [0, min(max(left, 0), 8)).
+inline __m256i tail_mask8(int64_t left) {
+  static const int32_t kOnes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(kOnes + 8 - std::clamp<int64_t>(left, 0, 8)));
+}
+
+// 16 e4m3fn codes → their fp16 bit patterns S.0EEEE.MMM0000000, each the code's value · 2^-8,
+// subnormals included (the avx512 row's decode; widen with e4m3_half). kNanCodes: the NaN codes
+// S.1111.111 become the fp16 quiet NaN, which widens to the scalar decoder's NaN (sign kept);
+// without, the caller has checked that there are none (nan_code_in_line) and the fix is skipped
+// (a quarter of the decode).
+template <bool kNanCodes>
+inline __m256i e4m3x16_as_f16(const uint8_t* codes) {
+  const __m256i t = _mm256_slli_epi16(
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))), 7);
+  const __m256i h = _mm256_and_si256(t, _mm256_set1_epi16(static_cast<int16_t>(0xbf80)));
+  if constexpr (!kNanCodes) return h;
+  // NaN lanes hold S | 0x3f80; xor with 0x4180 gives S | 0x7e00.
+  const __m256i magnitude = _mm256_set1_epi16(0x3f80);
+  const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(t, magnitude), magnitude);
+  return _mm256_xor_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x4180)));
+}
+
+/// Whether the 64 codes from element k of the C rows (a cache line's worth each) hold an e4m3 NaN
+/// code S.1111.111: the codes | 0x80 reach 0xff only there.
+template <int C>
+inline bool nan_code_in_line(const uint8_t* const (&rows)[kMaxChannels], int64_t k) {
+  const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i top = _mm256_setzero_si256();
+  for (int c = 0; c < C; ++c)
+    for (int half = 0; half < 2; ++half) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[c] + k + 32 * half));
+      top = _mm256_max_epu8(top, _mm256_or_si256(v, sign));
+    }
+  return _mm256_movemask_epi8(_mm256_cmpeq_epi8(top, _mm256_set1_epi8(-1))) != 0;
+}
+
+/// Lanes [8h, 8h + 8) of e4m3x16_as_f16's patterns in fp32: cvtph, then × 2^8 (exact).
+template <int kHalf>
+inline __m256 e4m3_half(__m256i f16) {
+  const __m128i part = kHalf == 0 ? _mm256_castsi256_si128(f16) : _mm256_extracti128_si256(f16, 1);
+  return _mm256_mul_ps(_mm256_cvtph_ps(part), _mm256_set1_ps(256.0f));
+}
+
+// Weight streams: bind(c, ...) points tile channel c at one weight row. A step takes 16 elements
+// [i, i + 16) of channel c: fetch(c, src, i) reads them from src (the row's bytes of element i,
+// or a zero-padded copy of a tail: zero bytes decode to +0) in the stream's raw form, and
+// half<h>(raw) gives elements [i + 8h, i + 8h + 8) exactly in fp32 (the halves are widened one
+// after the other, so that a tile's C raw steps, not 2·C fp32 vectors, wait in registers).
+// Element i starts at byte i · kHalfBytes / 2 of row[c].
+
+template <DType kDtype>
+struct DenseStream {
+  static constexpr int kHalfBytes = kDtype == DType::kF32 ? 8 : 4;
+  const uint8_t* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
+  }
+  static constexpr bool kNanCodes = false;
+  using Raw = const uint8_t*;
+  template <bool>
+  Raw fetch(int, const uint8_t* src, int64_t) const {
+    return src;
+  }
+  template <int kHalf>
+  __m256 half(Raw src) const {
+    src += kHalf * 8 * kHalfBytes / 2;
+    if constexpr (kDtype == DType::kF32)
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    if constexpr (kDtype == DType::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+
+struct Fp8Stream {
+  static constexpr int kHalfBytes = 2;
+  static constexpr bool kNanCodes = true;
+  const uint8_t* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
+  }
+  using Raw = __m256i;
+  template <bool kNan>
+  Raw fetch(int, const uint8_t* src, int64_t) const {
+    return e4m3x16_as_f16<kNan>(src);
+  }
+  template <int kHalf>
+  __m256 half(Raw f16) const {
+    return e4m3_half<kHalf>(f16);
+  }
+};
+
+// int8 codes against activations that are not integer codes: fp32 products like the reference.
+struct Int8AsFloatStream {
+  static constexpr int kHalfBytes = 2;
+  const uint8_t* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
+  }
+  static constexpr bool kNanCodes = false;
+  using Raw = const uint8_t*;
+  template <bool>
+  Raw fetch(int, const uint8_t* src, int64_t) const {
+    return src;
+  }
+  template <int kHalf>
+  __m256 half(Raw src) const {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8 * kHalf))));
+  }
+};
+
+// Packed e2m1 weights take one of 16 values × their block scale: per scale code a table of the
+// 16 products, each the reference decoder's own expression e2m1_to_f32(j) · fp4_block_scale(code)
+// (exact: ≤ 3 significant bits times an e4m3 value or a power of two; NaN scales give the same
+// NaN). Values 0–7 are the positive codes and 8–15 the negative ones, so 8 weights are two 8-entry
+// permutes and a blend on the sign bit; no step multiplies (subnormal products, as e8m0 code 0
+// gives, would cost microcode assists on Intel cores).
+struct Fp4Tables {
+  alignas(32) float values[256][16];
+  explicit Fp4Tables(WeightCoding coding) {
+    for (int c = 0; c < 256; ++c) {
+      const float scale = fp4_block_scale(coding, static_cast<uint8_t>(c));
+      for (int j = 0; j < 16; ++j) values[c][j] = e2m1_to_f32(static_cast<uint8_t>(j)) * scale;
+    }
+  }
+};
+
+/// The tables of the fp4 coding with kGroup-element scale groups: 16 (nvfp4), 32 (mxfp4).
+template <int kGroup>
+const Fp4Tables& fp4_tables() {
+  static const Fp4Tables tables(kGroup == 16 ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4);
+  return tables;
+}
+
+// Packed e2m1 (element 2j in the low nibble of byte j) with one scale code per kGroup elements
+// (K is a multiple of kGroup, so no step has a tail; a step lies in one group).
+template <int kGroup>
+struct Fp4Stream {
+  static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
+  static constexpr int kHalfBytes = 1;
+  const uint8_t* row[kMaxChannels] = {};
+  const uint8_t* scale_codes[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
+    scale_codes[c] = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
+  }
+  struct Raw {
+    const uint8_t* src;  // 8 bytes: 16 nibbles
+    const float* table;  // the 16 values of the step's scale code
+  };
+  static constexpr bool kNanCodes = false;
+  template <bool>
+  Raw fetch(int c, const uint8_t* src, int64_t i) const {
+    return {src, tables.values[scale_codes[c][static_cast<uint64_t>(i) / kGroup]]};
+  }
+  template <int kHalf>
+  __m256 half(const Raw& raw) const {
+    // Element j of the 8 is nibble j of the 32-bit word: shift lane j right by 4j. The permutes
+    // read bits 0–2 (the magnitude); bit 3, the sign, moved to bit 31 picks the negative table.
+    int32_t word;
+    std::memcpy(&word, raw.src + 4 * kHalf, sizeof word);
+    const __m256i nibbles =
+        _mm256_srlv_epi32(_mm256_set1_epi32(word), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256 positive = _mm256_permutevar8x32_ps(_mm256_load_ps(raw.table), nibbles);
+    const __m256 negative = _mm256_permutevar8x32_ps(_mm256_load_ps(raw.table + 8), nibbles);
+    return _mm256_blendv_ps(positive, negative,
+                            _mm256_castsi256_ps(_mm256_slli_epi32(nibbles, 28)));
+  }
+
+  const Fp4Tables& tables = fp4_tables<kGroup>();
+};
+
+/// Bytes from one weight row of a stream to the next (the contract layout's row stride).
+inline int64_t row_stride_bytes(const WeightOperand& w) {
+  return w.data.strides[1] * dtype_size(w.data.dtype);
+}
+
+// The C weight rows of a tile are C short streams that the hardware prefetcher picks up late, and
+// consecutive tiles read consecutive rows: each channel fetches the same place of the next tile's
+// row, `ahead` bytes on, once per cache line of its codes. The dots walk K in whole lines (a fixed
+// number of 16-element steps) so that the prefetch needs no test that the compiler could version
+// away from the loop that runs.
+template <int kHalfBytes>
+constexpr int64_t kLineElements = 64 * 2 / kHalfBytes;
+
+template <int C>
+inline void prefetch_next_tile(const uint8_t* const (&rows)[kMaxChannels], int64_t byte,
+                               int64_t ahead) {
+  for (int c = 0; c < C; ++c)
+    _mm_prefetch(reinterpret_cast<const char*>(rows[c] + byte + ahead), _MM_HINT_T0);
+}
+
+// The canonical fold of 16 lane sums held as lanes 0–7 (lo) and 8–15 (hi): j += j+8 (lo + hi),
+// j += j+4, j += j+2, j += j+1.
+inline float fold(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// fold() of four outputs at once: the same pairwise adds, the lanes of several outputs side by
+// side in one register.
+inline void fold4(const __m256 (&lo)[4], const __m256 (&hi)[4], float* out) {
+  __m256 s8[4];
+  for (int v = 0; v < 4; ++v) s8[v] = _mm256_add_ps(lo[v], hi[v]);
+  // j += j+4: outputs v and v+1 side by side, one per 128-bit half.
+  const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(s8[0], s8[1], 0x20),
+                                   _mm256_permute2f128_ps(s8[0], s8[1], 0x31));
+  const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(s8[2], s8[3], 0x20),
+                                   _mm256_permute2f128_ps(s8[2], s8[3], 0x31));
+  // j += j+2: half h holds output h's two sums, then output 2 + h's.
+  const __m256 s2 = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+  // j += j+1: lanes 0, 1 | 4, 5 hold outputs 0, 2 | 1, 3.
+  const __m256 s1 = _mm256_add_ps(_mm256_shuffle_ps(s2, s2, _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm256_shuffle_ps(s2, s2, _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s1);
+  out[0] = lanes[0];
+  out[1] = lanes[4];
+  out[2] = lanes[1];
+  out[3] = lanes[5];
+}
+
+/// The dots of R × C outputs from their lane sums, each folded in the canonical order.
+template <int R, int C>
+inline void fold_dots(const __m256 (&lo)[R][C], const __m256 (&hi)[R][C], float (&part)[R][C]) {
+  for (int r = 0; r < R; ++r) {
+    if constexpr (C == 4) {
+      fold4(lo[r], hi[r], part[r]);
+    } else {
+      for (int c = 0; c < C; ++c) part[r][c] = fold(lo[r][c], hi[r][c]);
+    }
+  }
+}
+
+// Canonical fp32 dots of R activation rows × C streamed weight rows over K range [k0, k0 + len).
+template <class Stream>
+struct FloatDots {
+  Stream stream;
+  const ActivationCodes* a;
+  int64_t ahead = 0;  // prefetch lead (set by walk)
+
+  template <int R, int C>
+  void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
+    constexpr int kHalfBytes = Stream::kHalfBytes;
+    // Byte offset of element k in a row (k ≥ 0; unsigned, so no rounding fix-ups for negatives).
+    auto at = [](int64_t k) {
+      return static_cast<int64_t>(static_cast<uint64_t>(k) * kHalfBytes / 2);
+    };
+    __m256 lo[R][C], hi[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+    const float* rows[R];
+    for (int r = 0; r < R; ++r) rows[r] = a->row(r0 + r) + k0;
+    // One 16-element step: the raw weights of channel c from w[c] (element k0 + i of its row),
+    // then per half the weights in fp32 times activations [i + 8h, i + 8h + 8) (masked in a
+    // tail: lanes past len are +0) into that half's lane sums.
+    auto step = [&](int64_t i, const uint8_t* const(&w)[C], __m256i mask_lo, __m256i mask_hi,
+                    auto masked, auto nan) __attribute__((always_inline)) {
+      constexpr bool kNan = decltype(nan)::value;
+      auto activations = [&](int r, int h, __m256i mask) __attribute__((always_inline)) {
+        const float* ar = rows[r] + i + 8 * h;
+        return masked ? _mm256_maskload_ps(ar, mask) : _mm256_loadu_ps(ar);
+      };
+      typename Stream::Raw raw[C];
+      for (int c = 0; c < C; ++c) raw[c] = stream.template fetch<kNan>(c, w[c], k0 + i);
+      auto half = [&](auto h, __m256(&acc)[R][C], __m256i mask) __attribute__((always_inline)) {
+        constexpr int kHalf = decltype(h)::value;
+        for (int r = 0; r < R; ++r) {
+          const __m256 av = activations(r, kHalf, mask);
+          for (int c = 0; c < C; ++c) {
+            const __m256 wv = stream.template half<kHalf>(raw[c]);
+            acc[r][c] = _mm256_add_ps(acc[r][c], _mm256_mul_ps(av, wv));
+          }
+        }
+      };
+      half(std::integral_constant<int, 0>{}, lo, mask_lo);
+      half(std::integral_constant<int, 1>{}, hi, mask_hi);
+    };
+    const __m256i all = _mm256_set1_epi32(-1);
+    auto from_rows = [&](int64_t i, auto nan) __attribute__((always_inline)) {
+      const uint8_t* w[C];
+      for (int c = 0; c < C; ++c) w[c] = stream.row[c] + at(k0 + i);
+      step(i, w, all, all, std::false_type{}, nan);
+    };
+    // Whole cache lines of weights (one prefetch each; fp8 lines without NaN codes skip the NaN
+    // fix), then whole steps, then the tail.
+    constexpr int64_t kLine = kLineElements<kHalfBytes>;
+    constexpr std::bool_constant<Stream::kNanCodes> may_hold_nan;
+    int64_t i = 0;
+    for (; i + kLine <= len; i += kLine) {
+      prefetch_next_tile<C>(stream.row, at(k0 + i), ahead);
+      if (Stream::kNanCodes && nan_code_in_line<C>(stream.row, at(k0 + i))) {
+        for (int64_t s = 0; s < kLine; s += 16) from_rows(i + s, may_hold_nan);
+      } else {
+        for (int64_t s = 0; s < kLine; s += 16) from_rows(i + s, std::false_type{});
+      }
+    }
+    for (; i + 16 <= len; i += 16) from_rows(i, may_hold_nan);
+    if (i < len) {
+      // The tail: each channel's last elements copied into zeros (decoded as +0) and the
+      // activations masked (+0), so the lanes past len add +0 · +0 (no change to a lane sum).
+      const int64_t left = len - i;
+      alignas(32) uint8_t tail[C][16 * kHalfBytes / 2] = {};
+      const uint8_t* w[C];
+      for (int c = 0; c < C; ++c) {
+        std::memcpy(tail[c], stream.row[c] + at(k0 + i), at(left));
+        w[c] = tail[c];
+      }
+      step(i, w, tail_mask8(left), tail_mask8(left - 8), std::true_type{}, may_hold_nan);
+    }
+    fold_dots(lo, hi, part);
+  }
+};
+
+// Exact int32 dots of int8 codes: activations pre-packed to int16 rows (zero-padded), weights
+// sign-extended, pairs multiplied and added by vpmaddwd. Integer sums are order-free.
+struct IntDots {
+  Int8AsFloatStream stream;  // only its row pointers
+  const int16_t* a;
+  int64_t lda;
+  int64_t ahead = 0;  // prefetch lead (set by walk)
+
+  template <int R, int C>
+  void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
+    __m256i acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_si256();
+    const int16_t* rows = a + r0 * lda + k0;
+    // 16 codes of each channel from `w` (element k0 + i of its row, or a zero-padded tail).
+    auto step = [&](int64_t i, const uint8_t* const(&w)[C]) __attribute__((always_inline)) {
+      __m256i wv[C];
+      for (int c = 0; c < C; ++c)
+        wv[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[c])));
+      for (int r = 0; r < R; ++r) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + r * lda + i));
+        for (int c = 0; c < C; ++c)
+          acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(av, wv[c]));
+      }
+    };
+    auto from_rows = [&](int64_t i) __attribute__((always_inline)) {
+      const uint8_t* w[C];
+      for (int c = 0; c < C; ++c) w[c] = stream.row[c] + k0 + i;
+      step(i, w);
+    };
+    constexpr int64_t kLine = kLineElements<Int8AsFloatStream::kHalfBytes>;
+    int64_t i = 0;
+    for (; i + kLine <= len; i += kLine) {
+      prefetch_next_tile<C>(stream.row, k0 + i, ahead);
+      for (int64_t s = 0; s < kLine; s += 16) from_rows(i + s);
+    }
+    for (; i + 16 <= len; i += 16) from_rows(i);
+    if (i < len) {
+      alignas(16) uint8_t tail[C][16] = {};
+      const uint8_t* w[C];
+      for (int c = 0; c < C; ++c) {
+        std::memcpy(tail[c], stream.row[c] + k0 + i, len - i);
+        w[c] = tail[c];
+      }
+      step(i, w);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[r][c]),
+                                        _mm256_extracti128_si256(acc[r][c], 1));
+        const __m128i s2 = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        const __m128i s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(1, 1, 1, 1)));
+        part[r][c] = static_cast<float>(_mm_cvtsi128_si32(s1));
+      }
+  }
+};
+
+// One call's operands.
+struct Call {
+  const ActivationCodes& a;
+  int64_t m;
+  const WeightOperand& w;
+  int64_t e, n0, n;
+  float* out;
+  int64_t ldo;
+  int64_t nb, kb;
+  float* w_scales;  // Buffers::w_scales
+};
+
+// R rows from r0 × C channels from c0 (nc of them real), in the canonical order: per K block the
+// dot, then · sa[r, b] · sw[c, b], added in block order, then · alpha.
+template <int R, int C, class Dots>
+void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc) {
+  const ActivationCodes& a = call.a;
+  float total[R][C] = {};
+  for (int64_t b = 0; b < call.nb; ++b) {
+    const int64_t k0 = b * call.kb, len = std::min(call.kb, call.w.k - k0);
+    float part[R][C];
+    dots.template run<R, C>(r0, k0, len, part);
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) {
+        const float p = part[r][c] * a.scale(r0 + r, b) * call.w_scales[c * call.nb + b];
+        total[r][c] = b == 0 ? p : total[r][c] + p;
+      }
+    }
+  }
+  const bool has_alpha = call.w.alpha.data != nullptr;
+  const float alpha =
+      has_alpha ? call.w.alpha.ptr<float>()[call.e * call.w.alpha.strides[0]] : 1.0f;
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < nc; ++c)
+      call.out[(r0 + r) * call.ldo + c0 + c] = has_alpha ? total[r][c] * alpha : total[r][c];
+}
+
+// The tile of `rows` rows (1 to kRows), picked at compile time.
+template <int C, int kRows, int R = 1, class Dots>
+void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t c0, int nc) {
+  if constexpr (R <= kRows) {
+    if (rows == R) return tile<R, C>(call, dots, r0, c0, nc);
+    return row_tile<C, kRows, R + 1>(call, dots, r0, rows, c0, nc);
+  }
+  MOECORE_INTERNAL_CHECK(false, "row tile of ", rows, " rows");
+}
+
+// Tiles of C channels (the last one padded by repeating its final row, results dropped) × row
+// tiles of kRows rows.
+template <int C, int kRows, class Dots>
+void walk(const Call& call, Dots& dots) {
+  dots.ahead = C * row_stride_bytes(call.w);
+  for (int64_t c0 = 0; c0 < call.n; c0 += C) {
+    const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
+    for (int c = 0; c < C; ++c) {
+      const int64_t row = call.n0 + c0 + std::min(c, nc - 1);
+      dots.stream.bind(c, call.w, call.e, row);
+      weight_row_scales(call.w, call.e, row, call.w_scales + c * call.nb);
+    }
+    for (int64_t r0 = 0; r0 < call.m; r0 += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, call.m - r0));
+      row_tile<C, kRows>(call, dots, r0, rows, c0, nc);
+    }
+  }
+}
+
+// Tile shapes (channels × rows) by the call's rows: one row, 4 × 1 (four weight streams in
+// flight, 8 lane sums); two rows, 2 × 2; more, 1 × 4 (each decoded weight vector serves four
+// rows: faster on Zen 4 than 2 × 3 or 3 × 2, whose raw weights and lane sums spill). Each
+// output's arithmetic is the same in every shape, so results never depend on M.
+template <class Dots>
+void walk_tiles(const Call& call, Dots& dots) {
+  if (call.m <= 1)
+    walk<4, 1>(call, dots);
+  else if (call.m == 2)
+    walk<2, 2>(call, dots);
+  else
+    walk<1, 4>(call, dots);
+}
+
+template <class Stream>
+void run_float(const Call& call, Stream stream) {
+  FloatDots<Stream> dots{stream, &call.a};
+  walk_tiles(call, dots);
+}
+
+// int8 × int8: activation rows [0, m) in chunks of kIntRowChunk, each widened to int16 rows
+// (zero-padded to whole 16-lane loads) and walked as a call of its own; integer dots are exact,
+// so a chunk's outputs equal those of one whole call.
+void run_int8_codes(const Call& call, int16_t* a16) {
+  const int64_t k = call.w.k, ld = int16_row_length(k);
+  for (int64_t r0 = 0; r0 < call.m; r0 += kIntRowChunk) {
+    const int64_t rows = std::min(kIntRowChunk, call.m - r0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = call.a.row(r0 + r);
+      for (int64_t i = 0; i < ld; i += 8) {
+        const __m256i v = _mm256_cvttps_epi32(_mm256_maskload_ps(src + i, tail_mask8(k - i)));
+        const __m128i packed =
+            _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a16 + r * ld + i), packed);
+      }
+    }
+    const ActivationCodes chunk = activation_rows_from(call.a, r0);
+    const Call part{
+        chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
+        call.ldo, call.nb, call.kb, call.w_scales};
+    IntDots dots{Int8AsFloatStream{}, a16, ld};
+    walk_tiles(part, dots);
+  }
+}
+
+}  // namespace
+
+size_t scaled_gemm_avx2_scratch_bytes(const WeightOperand& w) {
+  ScratchCarver sizing;
+  [[maybe_unused]] const Buffers layout(sizing, w);
+  return sizing.bytes();
+}
+
+void scaled_gemm_avx2(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                      int64_t n0, int64_t n, float* out, int64_t ldo) {
+  const int64_t nb = w.num_k_blocks(), kb = w.k_block();
+  MOECORE_INTERNAL_CHECK(a.scales == nullptr || a.scales_per_row == 1 || a.scales_per_row == nb,
+                         "activation scales per row (", a.scales_per_row,
+                         ") must be 1 or the weight's K blocks (", nb, ")");
+  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx2_scratch_bytes(w)));
+  const Buffers buffers(carver, w);
+  const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
+  switch (w.coding) {
+    case WeightCoding::kDense:
+      switch (w.data.dtype) {
+        case DType::kBF16:
+          return run_float(call, DenseStream<DType::kBF16>{});
+        case DType::kF16:
+          return run_float(call, DenseStream<DType::kF16>{});
+        default:
+          return run_float(call, DenseStream<DType::kF32>{});
+      }
+    case WeightCoding::kFp8:
+      return run_float(call, Fp8Stream{});
+    case WeightCoding::kInt8:
+      if (!a.integer) return run_float(call, Int8AsFloatStream{});
+      return run_int8_codes(call, buffers.a16);
+    case WeightCoding::kNvfp4:
+    case WeightCoding::kMxfp4:
+      MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
+                             ") must be a multiple of its scale group");
+      if (w.coding == WeightCoding::kNvfp4) return run_float(call, Fp4Stream<16>{});
+      return run_float(call, Fp4Stream<32>{});
+  }
+  MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
+}
+
+}  // namespace moecore
