@@ -237,6 +237,26 @@ TEST_P(PreparedMxfp4Test, ThreadCountMayChangeAfterPrepare) {
   }
 }
 
+// Eager calls share one workspace: a steady-state call allocates what it returns and its
+// checks need, the same at 1 thread and at 4 (a workspace per call would allocate every
+// thread's kernel scratch and buffers again).
+TEST_P(PreparedMxfp4Test, SteadyStateEagerCallsAllocateTheSameAtEveryThreadCount) {
+  std::mt19937 rng(44);
+  const Payload p = GetParam().make(rng);
+  MoeRunner runner(MoeRunnerBackend::FLASHINFER_MXFP4, runner_config(current_isa_level(), p),
+                   MoeA2ABackend::NONE);
+  const auto d = make_dispatch(7, p.hidden, 2, GetParam().id_dtype);
+  refill(rng, *d, p.global_experts, 2);
+  std::vector<int64_t> counts;
+  for (int threads : {1, 4}) {
+    ThreadPool::instance().set_num_threads(threads);
+    runner.run(d, p.quant_info);  // grows the shared workspace for this thread count
+    counts.push_back(count_allocations([&] { runner.run(d, p.quant_info); }));
+  }
+  ThreadPool::instance().set_num_threads(available_cpus());
+  EXPECT_EQ(counts[0], counts[1]);
+}
+
 TEST_P(PreparedMxfp4Test, BadIdsRaiseEagersErrorWithoutTouchingTheOutput) {
   std::mt19937 rng(43);
   const Payload p = GetParam().make(rng);

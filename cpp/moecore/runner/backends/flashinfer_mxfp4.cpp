@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <variant>
 #include <vector>
 
@@ -301,8 +302,10 @@ void attach_kernel_layout(Mxfp4Moe& m, const Mxfp4KernelLayout& layout) {
 }
 
 /// Every buffer run_moe writes, for calls of up to max_slots (token, slot) pairs: reserve
-/// allocates them once, so that run_moe allocates nothing. Parallel loops run over `parts`
-/// (one per pool thread at reserve time), so each part's buffers have one user at a time.
+/// grows them (never shrinks them), so that run_moe allocates nothing and a workspace reused
+/// across calls allocates only when a call needs more. Parallel loops run over `parts` (one per
+/// pool thread at reserve time), so each part's buffers have one user at a time. One call at a
+/// time: the caller holds `mutex` from reserve to the end of run_moe.
 struct Mxfp4Workspace {
   struct Part {
     std::vector<float> tile_bias;  // one work item's bias [kTile]
@@ -313,30 +316,42 @@ struct Mxfp4Workspace {
   std::vector<float> a1, h1, h2, y;
   std::vector<Part> parts;
   int64_t max_slots = 0;
+  std::mutex mutex;
 
   void reserve(const Mxfp4Moe& m, int64_t slots) {
     const auto size = [](int64_t n) { return static_cast<size_t>(n); };
+    const auto grow = [&](auto& v, int64_t n) {
+      if (v.size() < size(n)) v.resize(size(n));
+    };
     max_slots = slots;
-    offsets.resize(size(m.experts + 1));
+    offsets.resize(size(m.experts + 1));  // exact: run_moe reads the expert count from it
     cursor.resize(size(m.experts));
-    row_of_slot.resize(size(slots));
-    expert_of_row.resize(size(slots));
-    items.resize(size(m.experts * std::max(2 * m.n, m.k) / kTile));
-    a1.resize(size(slots * m.k));
-    h1.resize(size(slots * 2 * m.n));
-    h2.resize(size(slots * m.n));
-    y.resize(size(slots * m.k));
-    const size_t scratch =
+    grow(row_of_slot, slots);
+    grow(expert_of_row, slots);
+    grow(items, m.experts * std::max(2 * m.n, m.k) / kTile);
+    grow(a1, slots * m.k);
+    grow(h1, slots * 2 * m.n);
+    grow(h2, slots * m.n);
+    grow(y, slots * m.k);
+    const int64_t scratch =
         std::max(gemm_scratch_bytes(m.gemm, m.w13.kernel), gemm_scratch_bytes(m.gemm, m.w2.kernel));
     parts.resize(size(ThreadPool::instance().num_threads()));
     for (Part& p : parts) {
-      p.tile_bias.resize(size(kTile));
-      p.acc.resize(size(m.k));
-      p.b2.resize(size(m.k));
-      p.scratch.bytes.resize(scratch);
+      grow(p.tile_bias, kTile);
+      grow(p.acc, m.k);
+      grow(p.b2, m.k);
+      grow(p.scratch.bytes, scratch);
     }
   }
 };
+
+/// The workspace eager calls share (the op and the fused func; they take turns), so that a
+/// steady state allocates only its output: a fresh one per call would allocate and zero every
+/// thread's kernel scratch.
+const std::shared_ptr<Mxfp4Workspace>& eager_workspace() {
+  static const auto workspace = std::make_shared<Mxfp4Workspace>();
+  return workspace;
+}
 
 /// The first of the `count` items that part p of `parts` runs (contiguous, near-equal runs).
 int64_t part_begin(int64_t count, int64_t parts, int64_t p) { return count * p / parts; }
@@ -542,7 +557,8 @@ Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
   if (in.tokens == 0) return out;
   const Mxfp4KernelLayout layout = derive_kernel_layout(m);
   attach_kernel_layout(m, layout);
-  Mxfp4Workspace ws;
+  Mxfp4Workspace& ws = *eager_workspace();
+  std::lock_guard<std::mutex> lock(ws.mutex);
   ws.reserve(m, in.tokens * in.top_k);
   run_moe(m, in, ws, out.view());
   return out;
@@ -583,9 +599,15 @@ enum class RunKind { kEagerCall, kPrepared };
 /// states, checks the current ids, computes and trims into the output.
 class Mxfp4FusedRun : public PreparedRun {
  public:
+  /// `workspace`: shared by the calls that reuse it (eager calls share one), or this run's own.
   Mxfp4FusedRun(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
-                const MoeRunnerConfig& config, RunKind kind)
-      : PreparedRun(nullptr), dispatch_(dispatch), quant_info_(quant_info) {
+                const MoeRunnerConfig& config, RunKind kind,
+                std::shared_ptr<Mxfp4Workspace> workspace)
+      : PreparedRun(nullptr),
+        dispatch_(dispatch),
+        quant_info_(quant_info),
+        ws_(std::move(workspace)),
+        eager_(kind == RunKind::kEagerCall) {
     const FlashInferMxfp4CutlassMoeQuantInfo& q = as_mxfp4_info(quant_info);
     constexpr const char* api = "MoeRunner(flashinfer_mxfp4)";
     const ActivationSpec spec = activation_spec(config, api);  // R15: unknown activations
@@ -657,13 +679,15 @@ class Mxfp4FusedRun : public PreparedRun {
     combine_input_ = std::make_shared<StandardCombineInput>(out);
     kernel_layout_ = given_layout ? q.kernel_layout : derive_kernel_layout(moe_);
     attach_kernel_layout(moe_, kernel_layout_);
-    ws_.reserve(moe_, tokens * tokens_.top_k);
+    if (!eager_) ws_->reserve(moe_, tokens * tokens_.top_k);  // so that replays allocate nothing
   }
 
   void run() override {
     if (tokens_.tokens == 0) return;  // R9
     if (padded_.defined()) copy_into_padded(x_.view(), padded_.view());
-    run_moe(moe_, tokens_, ws_, out_);
+    std::lock_guard<std::mutex> lock(ws_->mutex);
+    if (eager_) ws_->reserve(moe_, tokens_.tokens * tokens_.top_k);  // the shared one: grows only
+    run_moe(moe_, tokens_, *ws_, out_);
   }
 
  private:
@@ -675,14 +699,15 @@ class Mxfp4FusedRun : public PreparedRun {
   Mxfp4KernelLayout kernel_layout_;  // what moe_'s kernel operands read
   Mxfp4Moe moe_;
   Mxfp4Tokens tokens_;
-  Mxfp4Workspace ws_;
+  std::shared_ptr<Mxfp4Workspace> ws_;
+  bool eager_;      // ws_ is the eager calls' shared workspace, reserved by each run
   TensorView out_;  // the combine input's bf16 [T, H]
 };
 
 CombineInputPtr fused_none_to_flashinfer_mxfp4(const DispatchOutputPtr& dispatch,
                                                const QuantInfoPtr& quant_info,
                                                const MoeRunnerConfig& config) {
-  Mxfp4FusedRun call(dispatch, quant_info, config, RunKind::kEagerCall);
+  Mxfp4FusedRun call(dispatch, quant_info, config, RunKind::kEagerCall, eager_workspace());
   call.run();
   return call.combine_input();
 }
@@ -690,7 +715,8 @@ CombineInputPtr fused_none_to_flashinfer_mxfp4(const DispatchOutputPtr& dispatch
 PreparedRunPtr prepare_standard_flashinfer_mxfp4(const DispatchOutputPtr& dispatch,
                                                  const QuantInfoPtr& quant_info,
                                                  const MoeRunnerConfig& config, MoeA2ABackend) {
-  return std::make_unique<Mxfp4FusedRun>(dispatch, quant_info, config, RunKind::kPrepared);
+  return std::make_unique<Mxfp4FusedRun>(dispatch, quant_info, config, RunKind::kPrepared,
+                                         std::make_shared<Mxfp4Workspace>());
 }
 
 }  // namespace
