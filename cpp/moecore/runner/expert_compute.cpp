@@ -462,7 +462,7 @@ void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
   grown(y_, max_rows * mlp.hidden);
   grown(scales1_, max_rows * mlp.gemm1.scales_per_row);
   grown(scales2_, max_rows * mlp.gemm2.scales_per_row);
-  grown(bias_, parts * 2 * std::max(w1.n, w2.n));  // bias and token sums per part
+  grown(bias_, parts * std::max(w1.n, w2.n));
   items_.reserve(static_cast<size_t>(std::max(max_items(w1), max_items(w2))));
   part_begin_.reserve(static_cast<size_t>(parts + 1));
   if (static_cast<int64_t>(scratch_.size()) < parts) scratch_.resize(static_cast<size_t>(parts));
@@ -558,20 +558,28 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
 
 namespace {
 
-// Column blocks of a GEMM whose items each cover one block for every hit expert: L2-sized per
-// expert, at least two per part, equal in width, so parts of equal item counts cost the same.
-void plan_column_blocks(int64_t columns, int64_t column_bytes, int parts,
-                        std::vector<ExpertWorkspace::Item>& items,
-                        std::vector<int64_t>& part_begin) {
-  const int64_t by_cache = ceil_div(columns * column_bytes, kBlockWeightBytes);
-  const int64_t blocks =
-      std::min(std::max<int64_t>(by_cache, 2 * parts), ceil_div(columns, kColumnAlign));
-  const int64_t cols = ceil_div(ceil_div(columns, blocks), kColumnAlign) * kColumnAlign;
-  items.clear();
-  for (int64_t c = 0; c < columns; c += cols) items.push_back({-1, c, std::min(cols, columns - c)});
-  const int64_t count = static_cast<int64_t>(items.size());
-  part_begin.resize(static_cast<size_t>(parts + 1));
-  for (int p = 0; p <= parts; ++p) part_begin[p] = count * p / parts;
+constexpr int64_t kSumChunk = 512;  // columns per stack chunk of the top-k sum
+
+// One token's top-k sum over output columns [c0, c0 + cols) (cols ≤ kSumChunk): combine_topk's
+// arithmetic on GEMM2's compacted rows y [rows, n] (slot_row: each slot's row, or −1).
+void sum_token_slots(const TopkSum& sum, const float* y, int64_t n, const int64_t* slot_row,
+                     int64_t t, int64_t c0, int64_t cols) {
+  const RoutedTokens& tokens = *sum.tokens;
+  float acc[kSumChunk];
+  std::fill(acc, acc + cols, 0.0f);
+  for (int64_t j = 0; j < tokens.top_k; ++j) {
+    if (tokens.id(t, j) < 0) continue;
+    const int64_t r = slot_row[t * tokens.top_k + j];
+    const float w = tokens.weight(t, j);
+    if (r < 0) {  // the zeros a stored slot row would hold
+      for (int64_t c = 0; c < cols; ++c) acc[c] += sum.weighted ? 0.0f * w : 0.0f;
+      continue;
+    }
+    const float* v = y + r * n + c0;
+    for (int64_t c = 0; c < cols; ++c) acc[c] += sum.weighted ? v[c] * w : v[c];
+  }
+  for (int64_t c = 0; c < cols; ++c) acc[c] *= sum.routed_scaling_factor;
+  store_f32(acc, cols, sum.out.dtype, sum.out.at({t, c0}));
 }
 
 }  // namespace
@@ -580,9 +588,8 @@ void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowSca
                                const TopkSum& sum) {
   const ExpertRowMap& rows = ws.rows;
   const ExpertGemm& g2 = mlp.gemm2;
-  const RoutedTokens& tokens = *sum.tokens;
-  const int64_t count = rows.rows(), n = g2.weight.n, top_k = tokens.top_k;
-  const int64_t slots = tokens.num_tokens * top_k;
+  const int64_t count = rows.rows(), n = g2.weight.n, num_tokens = sum.tokens->num_tokens;
+  const int64_t slots = num_tokens * sum.tokens->top_k;
   int64_t* slot_row = grown(ws.slot_row_, slots);
   std::fill(slot_row, slot_row + slots, int64_t{-1});
   for (int64_t r = 0; r < count; ++r) slot_row[rows.dest[r]] = r;
@@ -590,44 +597,55 @@ void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowSca
   const bool quantized_in_gemm1 = g2.quantize && g2.quantize_segment > 0;
   const ActivationCodes in =
       input_codes(g2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_, quantized_in_gemm1);
-  plan_column_blocks(n, weight_row_bytes(g2.weight), schedule_parts(), ws.items_, ws.part_begin_);
-  const int64_t parts = static_cast<int64_t>(ws.part_begin_.size()) - 1;
-  float* part_rows = grown(ws.bias_, parts * 2 * n);  // per part: bias, then the token sums
-  if (static_cast<int64_t>(ws.scratch_.size()) < parts)
-    ws.scratch_.resize(static_cast<size_t>(parts));
-  parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
-    for (int64_t p = first_part; p < end_part; ++p)
-      for (int64_t i = ws.part_begin_[p]; i < ws.part_begin_[p + 1]; ++i) {
-        const int64_t c0 = ws.items_[i].col, cols = ws.items_[i].cols;
-        float* bias = part_rows + p * 2 * n;
-        float* acc = bias + n;
-        for (int64_t e = 0; e < rows.num_experts(); ++e) {
-          const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
-          if (m == 0) continue;
-          ActivationCodes a = activation_rows_from(in, r0);
-          a.scratch = &ws.scratch_[p];
-          float* block = y + r0 * n + c0;
-          mlp.gemm(a, m, g2.weight, e, c0, cols, block, n);
-          finish_block(mlp, g2, rows, e, r0, m, c0, cols, scale_at == RowScaleAt::kGemm2, block, n,
-                       bias);
-        }
-        for (int64_t t = 0; t < tokens.num_tokens; ++t) {
-          std::fill(acc, acc + cols, 0.0f);
-          for (int64_t j = 0; j < top_k; ++j) {
-            if (tokens.id(t, j) < 0) continue;
-            const int64_t r = slot_row[t * top_k + j];
-            const float w = tokens.weight(t, j);
-            if (r < 0) {  // the zeros a stored slot row would hold
-              for (int64_t c = 0; c < cols; ++c) acc[c] += sum.weighted ? 0.0f * w : 0.0f;
-              continue;
-            }
-            const float* v = y + r * n + c0;
-            for (int64_t c = 0; c < cols; ++c) acc[c] += sum.weighted ? v[c] * w : v[c];
+  const bool scaled = scale_at == RowScaleAt::kGemm2;
+  const int parts = schedule_parts();
+  float* bias_rows = grown(ws.bias_, static_cast<int64_t>(parts) * n);
+  // Items that span every hit expert can sum in their epilogue, while the block is in cache, but
+  // every part needs one: with fewer L2-sized column blocks than parts they would cut each
+  // expert's weights into short kernel calls (at 16 threads that multiplied the calls 3–5× and
+  // slowed Qwen3-30B-A3B at M = 16 by a quarter), so then GEMM2 runs its usual
+  // (expert, column block) items and the sum is a step of its own over GEMM2's rows.
+  const int64_t blocks = std::min(ceil_div(n * weight_row_bytes(g2.weight), kBlockWeightBytes),
+                                  ceil_div(n, kColumnAlign));
+  if (blocks >= parts) {
+    if (static_cast<int64_t>(ws.scratch_.size()) < parts)
+      ws.scratch_.resize(static_cast<size_t>(parts));
+    const int64_t cols = ceil_div(ceil_div(n, blocks), kColumnAlign) * kColumnAlign;
+    const int64_t items = ceil_div(n, cols);
+    parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
+      for (int64_t p = first_part; p < end_part; ++p)
+        for (int64_t i = items * p / parts; i < items * (p + 1) / parts; ++i) {
+          const int64_t c0 = i * cols, width = std::min(cols, n - c0);
+          for (int64_t e = 0; e < rows.num_experts(); ++e) {
+            const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
+            if (m == 0) continue;
+            ActivationCodes a = activation_rows_from(in, r0);
+            a.scratch = &ws.scratch_[p];
+            float* block = y + r0 * n + c0;
+            mlp.gemm(a, m, g2.weight, e, c0, width, block, n);
+            finish_block(mlp, g2, rows, e, r0, m, c0, width, scaled, block, n, bias_rows + p * n);
           }
-          for (int64_t c = 0; c < cols; ++c) acc[c] *= sum.routed_scaling_factor;
-          store_f32(acc, cols, sum.out.dtype, sum.out.at({t, c0}));
+          for (int64_t t = 0; t < num_tokens; ++t)
+            for (int64_t h0 = c0; h0 < c0 + width; h0 += kSumChunk)
+              sum_token_slots(sum, y, n, slot_row, t, h0, std::min(kSumChunk, c0 + width - h0));
         }
-      }
+    });
+    return;
+  }
+  plan_items(rows, n, weight_row_bytes(g2.weight), kColumnAlign, parts, ws.items_, ws.part_begin_);
+  for_each_item(in, rows, ws.items_, ws.part_begin_, ws.scratch_,
+                [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {
+                  const auto [e, c0, cols] = item;
+                  const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
+                  float* block = y + r0 * n + c0;
+                  mlp.gemm(a, m, g2.weight, e, c0, cols, block, n);
+                  finish_block(mlp, g2, rows, e, r0, m, c0, cols, scaled, block, n,
+                               bias_rows + part * n);
+                });
+  parallel_for(num_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h0 = 0; h0 < n; h0 += kSumChunk)
+        sum_token_slots(sum, y, n, slot_row, t, h0, std::min(kSumChunk, n - h0));
   });
 }
 

@@ -217,10 +217,12 @@ struct TopkSum {
   float routed_scaling_factor = 1.0f;
   TensorView out;  // [T, H], rows contiguous
 };
-/// Phase 2 with the top-k sum in its epilogue: items are H column blocks, each running GEMM2 for
-/// every hit expert's rows and then summing every token's slots over its columns, so each
-/// expert's weights are still read once per call. ws.rows must map rows to slots (dest[r] =
-/// t·k + j: group_slots or from_block_layout).
+/// Phase 2 with the top-k sum and no per-slot rows. When GEMM2's weights make at least one
+/// L2-sized column block per part, items are H column blocks, each running GEMM2 for every hit
+/// expert's rows and then summing every token's slots over its columns (the sum in GEMM2's
+/// epilogue); otherwise GEMM2 runs its (expert, column block) items and the sum follows as a
+/// step over GEMM2's compacted rows. Either way each expert's weights are read once per call.
+/// ws.rows must map rows to slots (dest[r] = t·k + j: group_slots or from_block_layout).
 void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                                const TopkSum& sum);
 
