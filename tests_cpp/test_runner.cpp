@@ -523,10 +523,9 @@ TEST(ExpertScheduleTest, FusedEpiloguesGiveTheBitsOfTheUnfusedPipeline) {
   ThreadPool::instance().set_num_threads(available_cpus());
 }
 
-// GEMM2's phase with the top-k sum in its epilogue gives the bits of the phase storing per-slot
-// rows followed by combine_topk: weighted and not, a routed scaling factor, ids −1, bf16 and f32
-// activations, 1, 3 and 8 threads (1: items spanning every expert, summing in their epilogue;
-// 3 and 8: fewer cache-sized column blocks than parts, so the sum is a step of its own).
+// GEMM2's phase with the top-k sum over its own rows gives the bits of the phase storing
+// per-slot rows followed by combine_topk: weighted and not, a routed scaling factor, ids −1,
+// bf16 and f32 activations, 1, 3 and 8 threads.
 TEST(ExpertScheduleTest, SummedGemm2GivesTheBitsOfSlotRowsThenCombine) {
   std::mt19937 rng(37);
   for (DType dtype : {DType::kBF16, DType::kF32}) {

@@ -551,6 +551,7 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
                   mlp.gemm(a, m, g2.weight, e, c0, cols, block, n);
                   finish_block(mlp, g2, rows, e, r0, m, c0, cols, scale_at == RowScaleAt::kGemm2,
                                block, n, bias_rows + part * n);
+                  if (out.data == nullptr) return;
                   for (int64_t r = 0; r < m; ++r)
                     store_f32(block + r * n, cols, mlp.act_dtype, out.at({rows.dest[r0 + r], c0}));
                 });
@@ -586,62 +587,18 @@ void sum_token_slots(const TopkSum& sum, const float* y, int64_t n, const int64_
 
 void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                                const TopkSum& sum) {
+  // GEMM2's usual items, then the sum as a step of its own over GEMM2's rows. Items spanning
+  // every hit expert could sum in their epilogue, but on the 16-core Xeon they were slower: 10 %
+  // at M = 16 on the DeepSeek slice, and 25 % on Qwen3-30B-A3B, whose weights then split into
+  // 3–5× more kernel calls (bench/RESULTS.md).
+  expert_gemm2_phase(mlp, ws, scale_at, TensorView{});
   const ExpertRowMap& rows = ws.rows;
-  const ExpertGemm& g2 = mlp.gemm2;
-  const int64_t count = rows.rows(), n = g2.weight.n, num_tokens = sum.tokens->num_tokens;
+  const int64_t n = mlp.gemm2.weight.n, num_tokens = sum.tokens->num_tokens;
   const int64_t slots = num_tokens * sum.tokens->top_k;
   int64_t* slot_row = grown(ws.slot_row_, slots);
   std::fill(slot_row, slot_row + slots, int64_t{-1});
-  for (int64_t r = 0; r < count; ++r) slot_row[rows.dest[r]] = r;
-  float* y = grown(ws.y_, count * n);
-  const bool quantized_in_gemm1 = g2.quantize && g2.quantize_segment > 0;
-  const ActivationCodes in =
-      input_codes(g2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_, quantized_in_gemm1);
-  const bool scaled = scale_at == RowScaleAt::kGemm2;
-  const int parts = schedule_parts();
-  float* bias_rows = grown(ws.bias_, static_cast<int64_t>(parts) * n);
-  // Items that span every hit expert can sum in their epilogue, while the block is in cache, but
-  // every part needs one: with fewer L2-sized column blocks than parts they would cut each
-  // expert's weights into short kernel calls (at 16 threads that multiplied the calls 3–5× and
-  // slowed Qwen3-30B-A3B at M = 16 by a quarter), so then GEMM2 runs its usual
-  // (expert, column block) items and the sum is a step of its own over GEMM2's rows.
-  const int64_t blocks = std::min(ceil_div(n * weight_row_bytes(g2.weight), kBlockWeightBytes),
-                                  ceil_div(n, kColumnAlign));
-  if (blocks >= parts) {
-    if (static_cast<int64_t>(ws.scratch_.size()) < parts)
-      ws.scratch_.resize(static_cast<size_t>(parts));
-    const int64_t cols = ceil_div(ceil_div(n, blocks), kColumnAlign) * kColumnAlign;
-    const int64_t items = ceil_div(n, cols);
-    parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
-      for (int64_t p = first_part; p < end_part; ++p)
-        for (int64_t i = items * p / parts; i < items * (p + 1) / parts; ++i) {
-          const int64_t c0 = i * cols, width = std::min(cols, n - c0);
-          for (int64_t e = 0; e < rows.num_experts(); ++e) {
-            const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
-            if (m == 0) continue;
-            ActivationCodes a = activation_rows_from(in, r0);
-            a.scratch = &ws.scratch_[p];
-            float* block = y + r0 * n + c0;
-            mlp.gemm(a, m, g2.weight, e, c0, width, block, n);
-            finish_block(mlp, g2, rows, e, r0, m, c0, width, scaled, block, n, bias_rows + p * n);
-          }
-          for (int64_t t = 0; t < num_tokens; ++t)
-            for (int64_t h0 = c0; h0 < c0 + width; h0 += kSumChunk)
-              sum_token_slots(sum, y, n, slot_row, t, h0, std::min(kSumChunk, c0 + width - h0));
-        }
-    });
-    return;
-  }
-  plan_items(rows, n, weight_row_bytes(g2.weight), kColumnAlign, parts, ws.items_, ws.part_begin_);
-  for_each_item(in, rows, ws.items_, ws.part_begin_, ws.scratch_,
-                [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {
-                  const auto [e, c0, cols] = item;
-                  const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
-                  float* block = y + r0 * n + c0;
-                  mlp.gemm(a, m, g2.weight, e, c0, cols, block, n);
-                  finish_block(mlp, g2, rows, e, r0, m, c0, cols, scaled, block, n,
-                               bias_rows + part * n);
-                });
+  for (int64_t r = 0; r < rows.rows(); ++r) slot_row[rows.dest[r]] = r;
+  const float* y = ws.y_.data();
   parallel_for(num_tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t h0 = 0; h0 < n; h0 += kSumChunk)

@@ -195,7 +195,7 @@ class ExpertWorkspace {
 ///            quantization of it when GEMM2's quantizer works on segments.
 ///   phase 2: GEMM2-quantized per row (unless phase 1 did it); GEMM2 over (expert, H column
 ///            block) items, + b2 (× scale if kGemm2), rounded, each row stored to row dest[r]
-///            of out ([*, H]).
+///            of out ([*, H]; out.data == nullptr: the rows stay in the workspace only).
 /// The caller holds ws.mutex. run_expert_mlp runs both phases; a backend whose GEMM2 quantizer
 /// needs the whole batch (dynamic per-tensor scale) runs them apart and reads the activations
 /// (expert_activations: [rows, I] fp32) in between.
@@ -217,12 +217,9 @@ struct TopkSum {
   float routed_scaling_factor = 1.0f;
   TensorView out;  // [T, H], rows contiguous
 };
-/// Phase 2 with the top-k sum and no per-slot rows. When GEMM2's weights make at least one
-/// L2-sized column block per part, items are H column blocks, each running GEMM2 for every hit
-/// expert's rows and then summing every token's slots over its columns (the sum in GEMM2's
-/// epilogue); otherwise GEMM2 runs its (expert, column block) items and the sum follows as a
-/// step over GEMM2's compacted rows. Either way each expert's weights are read once per call.
-/// ws.rows must map rows to slots (dest[r] = t·k + j: group_slots or from_block_layout).
+/// Phase 2 with the top-k sum and no per-slot rows: GEMM2's (expert, column block) items leave
+/// their rounded rows in the workspace, and a step over tokens sums each token's slots from
+/// there. ws.rows must map rows to slots (dest[r] = t·k + j: group_slots or from_block_layout).
 void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                                const TopkSum& sum);
 
