@@ -132,9 +132,7 @@ void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w
     return;
   }
   const int64_t nb = w.num_k_blocks(), kb = w.k_block();
-  MOECORE_INTERNAL_CHECK(a.scales == nullptr || a.scales_per_row == 1 || a.scales_per_row == nb,
-                         "activation scales per row (", a.scales_per_row,
-                         ") must be 1 or the weight's K blocks (", nb, ")");
+  check_activation_scales(a, w);
   const bool integer = a.integer && w.coding == WeightCoding::kInt8;
   const float alpha = has_alpha ? w.alpha.ptr<float>()[e * w.alpha.strides[0]] : 1.0f;
   const float* codes = buffers.codes;
@@ -154,6 +152,13 @@ void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w
       out[r * ldo + c] = has_alpha ? acc * alpha : acc;
     }
   }
+}
+
+void check_activation_scales(const ActivationCodes& a, const WeightOperand& w) {
+  MOECORE_INTERNAL_CHECK(
+      a.scales == nullptr || a.scales_per_row == 1 || a.scales_per_row == w.num_k_blocks(),
+      "activation scales per row (", a.scales_per_row, ") must be 1 or the weight's K blocks (",
+      w.num_k_blocks(), ")");
 }
 
 uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes) {

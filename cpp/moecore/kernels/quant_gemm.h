@@ -154,6 +154,9 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
 /// activation rows in chunks of a fixed count, so this depends on the weight operand only.
 size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w);
 
+/// Every row checks this on entry: activation scales per row are 1 or the weight's K blocks.
+void check_activation_scales(const ActivationCodes& a, const WeightOperand& w);
+
 /// Scalar reference row; the avx2 and avx512 rows are bit-identical to it.
 void scaled_gemm_ref(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo);

@@ -50,14 +50,6 @@ inline bool integer_operands(const ActivationCodes& a, const WeightOperand& w) {
 /// never changes a bit.
 constexpr int64_t kPackedIntegerMinRows = 16;
 
-/// The activation scales match the weight's K blocks (as scaled_gemm_ref requires).
-inline void check_activation_scales(const ActivationCodes& a, const WeightOperand& w) {
-  MOECORE_INTERNAL_CHECK(a.scales == nullptr || a.scales_per_row == 1 ||
-                             a.scales_per_row == w.num_k_blocks(),
-                         "activation scales per row (", a.scales_per_row,
-                         ") must be 1 or the weight's K blocks (", w.num_k_blocks(), ")");
-}
-
 /// The padded K layout of one row of codes.
 struct PaddedK {
   int64_t k, block_k, num_blocks, step_codes;

@@ -542,9 +542,7 @@ size_t scaled_gemm_avx2_scratch_bytes(const WeightOperand& w) {
 void scaled_gemm_avx2(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                       int64_t n0, int64_t n, float* out, int64_t ldo) {
   const int64_t nb = w.num_k_blocks(), kb = w.k_block();
-  MOECORE_INTERNAL_CHECK(a.scales == nullptr || a.scales_per_row == 1 || a.scales_per_row == nb,
-                         "activation scales per row (", a.scales_per_row,
-                         ") must be 1 or the weight's K blocks (", nb, ")");
+  check_activation_scales(a, w);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx2_scratch_bytes(w)));
   const Buffers buffers(carver, w);
   const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
