@@ -212,7 +212,7 @@ void TokenMajorRun::run() {
     ws.rows.group_slots(tokens_, plan_.num_local_experts, /*with_scale=*/false);
     expert_gemm1_phase(plan_.mlp, ws, plan_.load_row, RowScaleAt::kNone);
     // Σ_j w[t, j] · slot[t, j] over valid slots in fp32, slot order, rounded once to out's
-    // dtype: the combine, fused into GEMM2's schedule (no per-slot rows).
+    // dtype: the combine, read from GEMM2's rows (no per-slot rows).
     expert_gemm2_summed_phase(plan_.mlp, ws, RowScaleAt::kNone,
                               TopkSum{&tokens_, /*weighted=*/true, 1.0f, out_.view()});
   }

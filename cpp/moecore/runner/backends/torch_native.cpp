@@ -179,8 +179,8 @@ class TorchNativePreparedRun : public PreparedRun {
     ActivationSpec spec = activation_spec(config, kApi);
     spec.round_before_mul = true;
     mlp_ = dense_expert_mlp(weights_, spec, scaled_gemm_kernel(config.kernel_level()));
-    // no_combine returns the per-slot rows; otherwise the top-k sum is fused into GEMM2's
-    // schedule and no per-slot rows exist.
+    // no_combine returns the per-slot rows; otherwise the top-k sum reads GEMM2's rows and no
+    // per-slot rows exist.
     result_ = config.no_combine
                   ? Tensor::zeros({tokens.num_tokens, tokens.top_k, weights_.hidden}, weights_.dtype)
                   : Tensor::empty({tokens.num_tokens, weights_.hidden}, weights_.dtype);

@@ -281,7 +281,7 @@ void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t gro
 }
 
 /// GEMM2's phase: into the per-slot rows `slots` [T, k, H], or, with `sum`, summed over top-k
-/// into sum->out in the same step (the post-permute's combine, fused).
+/// into sum->out straight from GEMM2's rows (the post-permute's combine, without slot rows).
 void gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                  const TensorView& slots, const TopkSum* sum) {
   if (sum != nullptr)
@@ -375,7 +375,7 @@ class TritonRunnerCore : public RunnerCore {
 
   /// The expert compute of one runner input: the per-slot rows [T, k, H] (the core's output),
   /// or, with `combine`, the post-permute's result ([T, H], or hidden_states when inplace) with
-  /// the top-k sum fused into GEMM2's schedule (the same bits as the core, then the combine).
+  /// the top-k sum read from GEMM2's rows (the same bits as the core, then the combine).
   Tensor compute(const TritonRunnerInput& in, const QuantInfoPtr& quant_info, bool combine) {
     const TritonMoeQuantInfo& info = as_triton_info(quant_info);
     std::optional<QuantPlan> plan;
@@ -487,7 +487,7 @@ class TritonPreparedRun : public PreparedRun {
     start_.resize(static_cast<size_t>(E + 1));
     if (config.no_combine)
       result_ = Tensor::zeros({T, k, weights_.hidden}, weights_.dtype);  // the per-slot rows
-    else  // the top-k sum is fused into GEMM2's schedule: no per-slot rows
+    else  // the top-k sum reads GEMM2's rows: no per-slot rows
       result_ = config.inplace ? x_ : Tensor::empty({T, weights_.hidden}, weights_.dtype);
     combine_input_ = std::make_shared<StandardCombineInput>(result_);
     workspace_.reserve(plan_ ? plan_->mlp : mlp_, T * k);
