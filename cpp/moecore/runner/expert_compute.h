@@ -207,8 +207,8 @@ const float* expert_activations(const ExpertWorkspace& ws);
 void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                         const TensorView& out);
 
-/// The top-k sum of combine_topk, done by GEMM2's schedule instead of a combine step over stored
-/// slot rows: out[t] = round(rsf · Σ_j v[t, j] (× w[t, j] if weighted)) over token t's slots j
+/// The top-k sum of combine_topk, read from GEMM2's compacted rows instead of stored per-slot
+/// rows: out[t] = round(rsf · Σ_j v[t, j] (× w[t, j] if weighted)) over token t's slots j
 /// with id ≥ 0 in increasing j, where v[t, j] is the slot's GEMM2 row as phase 2 would store it
 /// (+0 for a slot no row computes). The same bits as expert_gemm2_phase then combine_topk.
 struct TopkSum {
