@@ -54,6 +54,22 @@ inline int64_t fp4_group_size(WeightCoding coding) { return coding == WeightCodi
 /// The fp32 value of one fp4 block-scale code of `coding`.
 float fp4_block_scale(WeightCoding coding, uint8_t code);
 
+/// Per block-scale code of an fp4 coding, the 16 weights an e2m1 code j takes there:
+/// e2m1_to_f32(j) · fp4_block_scale(coding, code), exact in fp32 (≤ 3 significant bits times an
+/// e4m3 value or a power of two), as the reference decodes them. The vector rows permute a row of
+/// it instead of multiplying on every step (a multiply with a subnormal product, as GPT-OSS's zero
+/// padding blocks give under e8m0 code 0, takes a microcode assist on Intel cores).
+struct Fp4Tables {
+  alignas(64) float values[256][16];
+};
+/// The tables of kNvfp4 (kGroup 16) or kMxfp4 (kGroup 32), built once per process.
+const Fp4Tables& fp4_tables(WeightCoding coding);
+template <int kGroup>
+const Fp4Tables& fp4_tables() {
+  static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
+  return fp4_tables(kGroup == 16 ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4);
+}
+
 /// Activation codes for one GEMM: rows of fp32 codes (stride ld) and per-(row, K block) scales
 /// [rows, nb] (nb = the weight's num_k_blocks(), or 1 for one scale per row); scales == nullptr
 /// means all ones. Row r of a call reads stored row row_index[r] (nullptr: row r), so that k

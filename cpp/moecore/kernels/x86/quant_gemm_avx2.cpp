@@ -156,29 +156,9 @@ struct Int8AsFloatStream {
   }
 };
 
-// Packed e2m1 weights take one of 16 values × their block scale: per scale code a table of the
-// 16 products, each the reference decoder's own expression e2m1_to_f32(j) · fp4_block_scale(code)
-// (exact: ≤ 3 significant bits times an e4m3 value or a power of two; NaN scales give the same
-// NaN). Values 0–7 are the positive codes and 8–15 the negative ones, so 8 weights are two 8-entry
-// permutes and a blend on the sign bit; no step multiplies (subnormal products, as e8m0 code 0
-// gives, would cost microcode assists on Intel cores).
-struct Fp4Tables {
-  alignas(32) float values[256][16];
-  explicit Fp4Tables(WeightCoding coding) {
-    for (int c = 0; c < 256; ++c) {
-      const float scale = fp4_block_scale(coding, static_cast<uint8_t>(c));
-      for (int j = 0; j < 16; ++j) values[c][j] = e2m1_to_f32(static_cast<uint8_t>(j)) * scale;
-    }
-  }
-};
-
-/// The tables of the fp4 coding with kGroup-element scale groups: 16 (nvfp4), 32 (mxfp4).
-template <int kGroup>
-const Fp4Tables& fp4_tables() {
-  static const Fp4Tables tables(kGroup == 16 ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4);
-  return tables;
-}
-
+// fp4 weights: per scale code the 16 values of fp4_tables (quant_gemm.h); values 0–7 are the
+// positive codes and 8–15 the negative ones, so 8 weights are two 8-entry permutes and a blend
+// on the sign bit.
 // Packed e2m1 (element 2j in the low nibble of byte j) with one scale code per kGroup elements
 // (K is a multiple of kGroup, so no step has a tail; a step lies in one group).
 template <int kGroup>

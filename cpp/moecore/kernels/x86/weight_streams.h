@@ -36,18 +36,6 @@ inline __m512 decode_e4m3x16(const uint8_t* codes, __mmask16 mask) {
   return _mm512_mul_ps(_mm512_cvtph_ps(fixed), _mm512_set1_ps(256.0f));
 }
 
-// 16 e8m0 codes → fp32 2^(code − 127), exact: code 0 is the subnormal 2^-127 and 0xff
-// the scalar decoder's NaN.
-inline __m512 decode_e8m0x16(const uint8_t* codes, __mmask16 mask) {
-  const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, codes));
-  __m512i bits = _mm512_slli_epi32(c, 23);
-  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()),
-                               _mm512_set1_epi32(0x00400000));
-  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(0xff)),
-                               _mm512_set1_epi32(0x7fc00000));
-  return _mm512_castsi512_ps(bits);
-}
-
 // Weight streams: bind(c, ...) points tile channel c at one weight row; load(c, i, mask) gives
 // that row's elements [i, i + 16) exactly in fp32 (lanes outside `mask` are +0); element i of
 // channel c starts at byte i · kHalfBytes / 2 of row(c).
@@ -82,35 +70,6 @@ struct Int8AsFloatStream {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row[c] + i)));
   }
 };
-
-// Packed e2m1 weights take one of 16 values × their block scale, so each scale code has a table of
-// its 16 weights, exact in fp32 (≤ 3 significant bits times a power of two or an e4m3 value):
-// these products, subnormal ones included, are the reference's decoded codes. Built once per
-// coding, so no step multiplies (an fp32 multiply with a subnormal result, as GPT-OSS's zero
-// padding blocks give under e8m0 code 0, takes a microcode assist on Intel cores).
-struct Fp4Tables {
-  alignas(64) float values[256][16];
-  explicit Fp4Tables(WeightCoding coding) {
-    alignas(64) uint8_t codes[256];
-    alignas(64) float scales[256];
-    for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
-    for (int c = 0; c < 256; c += 16)
-      _mm512_store_ps(scales + c, coding == WeightCoding::kNvfp4
-                                      ? decode_e4m3x16(codes + c, 0xffff)
-                                      : decode_e8m0x16(codes + c, 0xffff));
-    const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
-                                       -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-    for (int c = 0; c < 256; ++c)
-      _mm512_store_ps(values[c], _mm512_mul_ps(e2m1, _mm512_set1_ps(scales[c])));
-  }
-};
-
-/// The tables of the fp4 coding with kGroup-element scale groups: 16 (nvfp4), 32 (mxfp4).
-template <int kGroup>
-const Fp4Tables& fp4_tables() {
-  static const Fp4Tables tables(kGroup == 16 ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4);
-  return tables;
-}
 
 // Packed e2m1 (element 2j in the low nibble of byte j) with one scale code per kGroup elements
 // (K is a multiple of kGroup). Each 16 weights are a permute of their block's table.
