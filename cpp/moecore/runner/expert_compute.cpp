@@ -523,9 +523,17 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
         float* act = h2 + r0 * inter + col0;
         apply_activation_block(rounded, block, n1, act, inter, m, inter, col0, cols);
         if (!quantize2) return;
-        const int64_t scale0 = g2.scales_per_row == 1 ? 0 : col0 / g2.quantize_segment;
-        for (int64_t r = 0; r < m; ++r)
-          g2.quantize(act + r * inter, 1, cols, inter, s2 + (r0 + r) * g2.scales_per_row + scale0);
+        // A rule with one scale per row writes the same scale from every block of the row: the
+        // row's first block stores it, the others write a scale of their own (no shared write).
+        const bool one_scale = g2.scales_per_row == 1;
+        float discarded;
+        for (int64_t r = 0; r < m; ++r) {
+          float* scales = s2 + (r0 + r) * g2.scales_per_row;
+          float* mine = !one_scale  ? scales + col0 / g2.quantize_segment
+                        : col0 == 0 ? scales
+                                    : &discarded;
+          g2.quantize(act + r * inter, 1, cols, inter, mine);
+        }
       });
 }
 
