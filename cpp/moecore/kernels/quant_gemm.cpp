@@ -4,7 +4,6 @@
 #include "moecore/kernels/quant_gemm.h"
 
 #include <algorithm>
-#include <memory>
 
 #include "moecore/core/error.h"
 #include "moecore/formats/e8m0.h"
@@ -64,18 +63,18 @@ float fp4_block_scale(WeightCoding coding, uint8_t code) {
 const Fp4Tables& fp4_tables(WeightCoding coding) {
   MOECORE_INTERNAL_CHECK(coding == WeightCoding::kNvfp4 || coding == WeightCoding::kMxfp4,
                          "fp4_tables: not an fp4 coding");
-  auto build = [](WeightCoding c) {
-    auto tables = std::make_unique<Fp4Tables>();
-    for (int code = 0; code < 256; ++code) {
-      const float scale = fp4_block_scale(c, static_cast<uint8_t>(code));
-      for (int j = 0; j < 16; ++j)
-        tables->values[code][j] = e2m1_to_f32(static_cast<uint8_t>(j)) * scale;
+  // Static storage, not the heap: the first kernel call that reads them may be one that must
+  // allocate nothing (a prepared run's replay).
+  struct Built : Fp4Tables {
+    explicit Built(WeightCoding c) {
+      for (int code = 0; code < 256; ++code) {
+        const float scale = fp4_block_scale(c, static_cast<uint8_t>(code));
+        for (int j = 0; j < 16; ++j) values[code][j] = e2m1_to_f32(static_cast<uint8_t>(j)) * scale;
+      }
     }
-    return tables;
   };
-  static const std::unique_ptr<Fp4Tables> nvfp4 = build(WeightCoding::kNvfp4);
-  static const std::unique_ptr<Fp4Tables> mxfp4 = build(WeightCoding::kMxfp4);
-  return coding == WeightCoding::kNvfp4 ? *nvfp4 : *mxfp4;
+  static const Built nvfp4(WeightCoding::kNvfp4), mxfp4(WeightCoding::kMxfp4);
+  return coding == WeightCoding::kNvfp4 ? nvfp4 : mxfp4;
 }
 
 void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* codes,
