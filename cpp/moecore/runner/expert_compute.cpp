@@ -567,28 +567,32 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
 
 namespace {
 
-constexpr int64_t kSumChunk = 512;  // columns per stack chunk of the top-k sum
+constexpr int64_t kCombineChunk = 512;  // hidden elements per stack chunk of the combine
 
-// One token's top-k sum over output columns [c0, c0 + cols) (cols ≤ kSumChunk): combine_topk's
-// arithmetic on GEMM2's compacted rows y [rows, n] (slot_row: each slot's row, or −1).
-void sum_token_slots(const TopkSum& sum, const float* y, int64_t n, const int64_t* slot_row,
-                     int64_t t, int64_t c0, int64_t cols) {
-  const RoutedTokens& tokens = *sum.tokens;
-  float acc[kSumChunk];
-  std::fill(acc, acc + cols, 0.0f);
-  for (int64_t j = 0; j < tokens.top_k; ++j) {
-    if (tokens.id(t, j) < 0) continue;
-    const int64_t r = slot_row[t * tokens.top_k + j];
-    const float w = tokens.weight(t, j);
-    if (r < 0) {  // the zeros a stored slot row would hold
-      for (int64_t c = 0; c < cols; ++c) acc[c] += sum.weighted ? 0.0f * w : 0.0f;
-      continue;
-    }
-    const float* v = y + r * n + c0;
-    for (int64_t c = 0; c < cols; ++c) acc[c] += sum.weighted ? v[c] * w : v[c];
-  }
-  for (int64_t c = 0; c < cols; ++c) acc[c] *= sum.routed_scaling_factor;
-  store_f32(acc, cols, sum.out.dtype, sum.out.at({t, c0}));
+// The combine's arithmetic, in parallel over tokens: out[t] = round(rsf · Σ_j v[t, j]
+// (× w[t, j] if weighted)) over slots j with id ≥ 0 in increasing j, in fp32 (each element's
+// sum is independent, so in column chunks). slot(t, j, h0, width, buf) gives slot (t, j)'s values
+// [h0, h0 + width), written into buf when they need converting.
+template <typename SlotValues>
+void sum_top_k(const RoutedTokens& tokens, bool weighted, float rsf, const TensorView& out,
+               const SlotValues& slot) {
+  const int64_t hidden = out.shape[1];
+  parallel_for(tokens.num_tokens, [&](int64_t begin, int64_t end) {
+    float acc[kCombineChunk], buf[kCombineChunk];
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h0 = 0; h0 < hidden; h0 += kCombineChunk) {
+        const int64_t width = std::min(kCombineChunk, hidden - h0);
+        std::fill(acc, acc + width, 0.0f);
+        for (int64_t j = 0; j < tokens.top_k; ++j) {
+          if (tokens.id(t, j) < 0) continue;
+          const float* v = slot(t, j, h0, width, buf);
+          const float w = weighted ? tokens.weight(t, j) : 1.0f;
+          for (int64_t h = 0; h < width; ++h) acc[h] += weighted ? v[h] * w : v[h];
+        }
+        for (int64_t h = 0; h < width; ++h) acc[h] *= rsf;
+        store_f32(acc, width, out.dtype, out.at({t, h0}));
+      }
+  });
 }
 
 }  // namespace
@@ -601,17 +605,19 @@ void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowSca
   // 3–5× more kernel calls (bench/RESULTS.md).
   expert_gemm2_phase(mlp, ws, scale_at, TensorView{});
   const ExpertRowMap& rows = ws.rows;
-  const int64_t n = mlp.gemm2.weight.n, num_tokens = sum.tokens->num_tokens;
-  const int64_t slots = num_tokens * sum.tokens->top_k;
+  const int64_t n = mlp.gemm2.weight.n;
+  const int64_t slots = sum.tokens->num_tokens * sum.tokens->top_k;
   int64_t* slot_row = grown(ws.slot_row_, slots);
   std::fill(slot_row, slot_row + slots, int64_t{-1});
   for (int64_t r = 0; r < rows.rows(); ++r) slot_row[rows.dest[r]] = r;
   const float* y = ws.y_.data();
-  parallel_for(num_tokens, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t h0 = 0; h0 < n; h0 += kSumChunk)
-        sum_token_slots(sum, y, n, slot_row, t, h0, std::min(kSumChunk, n - h0));
-  });
+  sum_top_k(*sum.tokens, sum.weighted, sum.routed_scaling_factor, sum.out,
+            [&](int64_t t, int64_t j, int64_t h0, int64_t width, float* buf) -> const float* {
+              const int64_t r = slot_row[t * sum.tokens->top_k + j];
+              if (r >= 0) return y + r * n + h0;
+              std::fill(buf, buf + width, 0.0f);  // the zeros a stored slot row would hold
+              return buf;
+            });
 }
 
 void run_expert_mlp(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
@@ -619,10 +625,6 @@ void run_expert_mlp(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,
   expert_gemm1_phase(mlp, ws, load, scale_at);
   expert_gemm2_phase(mlp, ws, scale_at, out);
 }
-
-namespace {
-constexpr int64_t kCombineChunk = 512;  // hidden elements per stack chunk of the combine
-}  // namespace
 
 TensorView slot_rows(const TensorView& slots) {
   MOECORE_INTERNAL_CHECK(slots.ndim == 3 && slots.is_contiguous(),
@@ -638,23 +640,11 @@ TensorView slot_rows(const TensorView& slots) {
 
 void combine_topk(const RoutedTokens& tokens, const TensorView& slot_out, bool weighted, float rsf,
                   const TensorView& out) {
-  const int64_t hidden = out.shape[1];
-  parallel_for(tokens.num_tokens, [&](int64_t begin, int64_t end) {
-    float acc[kCombineChunk], row[kCombineChunk];  // each element's sum is independent
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t h0 = 0; h0 < hidden; h0 += kCombineChunk) {
-        const int64_t width = std::min(kCombineChunk, hidden - h0);
-        std::fill(acc, acc + width, 0.0f);
-        for (int64_t j = 0; j < tokens.top_k; ++j) {
-          if (tokens.id(t, j) < 0) continue;
-          load_f32(slot_out.at({t, j, h0}), slot_out.dtype, width, row);
-          const float w = weighted ? tokens.weight(t, j) : 1.0f;
-          for (int64_t h = 0; h < width; ++h) acc[h] += weighted ? row[h] * w : row[h];
-        }
-        for (int64_t h = 0; h < width; ++h) acc[h] *= rsf;
-        store_f32(acc, width, out.dtype, out.at({t, h0}));
-      }
-  });
+  sum_top_k(tokens, weighted, rsf, out,
+            [&](int64_t t, int64_t j, int64_t h0, int64_t width, float* buf) -> const float* {
+              load_f32(slot_out.at({t, j, h0}), slot_out.dtype, width, buf);
+              return buf;
+            });
 }
 
 void weight_slots(const RoutedTokens& tokens, const TensorView& slot_out) {

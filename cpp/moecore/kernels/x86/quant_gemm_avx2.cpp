@@ -156,11 +156,10 @@ struct Int8AsFloatStream {
   }
 };
 
-// fp4 weights: per scale code the 16 values of fp4_tables (quant_gemm.h); values 0–7 are the
-// positive codes and 8–15 the negative ones, so 8 weights are two 8-entry permutes and a blend
-// on the sign bit.
 // Packed e2m1 (element 2j in the low nibble of byte j) with one scale code per kGroup elements
-// (K is a multiple of kGroup, so no step has a tail; a step lies in one group).
+// (K is a multiple of kGroup, so no step has a tail; a step lies in one group). Weights come from
+// their scale code's row of fp4_tables (quant_gemm.h): entries 0–7 are the positive codes and
+// 8–15 the negative ones, so 8 weights are two 8-entry permutes and a blend on the sign bit.
 template <int kGroup>
 struct Fp4Stream {
   static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
