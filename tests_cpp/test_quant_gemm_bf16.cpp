@@ -1,16 +1,18 @@
-// The avx512_bf16 and amx rows of the scaled GEMM (every such level this machine has): bf16-exact
-// operands match the scalar row within the fp32 tolerance of TESTING.md (they sum in the
-// instruction's order), int8 × int8 codes bitwise; each output is independent of the other rows
-// of the call, of the column split and of the thread; other operands run the avx512 row
-// (bitwise equal to scalar).
+// The avx512_bf16 and amx rows of the scaled GEMM (every such level this machine has, and the amx
+// row with float operands in AMX tiles): bf16-exact operands match the scalar row within the fp32
+// tolerance of TESTING.md (they sum in the instruction's order), int8 × int8 codes bitwise; each
+// output is independent of the other rows of the call, of the column split and of the thread; other
+// operands run the avx512 row (bitwise equal to scalar).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "moecore/core/error.h"
 #include "moecore/isa/isa.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
@@ -174,18 +176,31 @@ ActivationCodes row_alone(const ActivationCodes& a, int64_t r) {
   return one;
 }
 
-std::vector<IsaLevel> bf16_levels() {
-  std::vector<IsaLevel> out;
-  for (IsaLevel level : available_isa_levels())
-    if (level >= IsaLevel::kAvx512Bf16) out.push_back(level);
+// The kernel rows under test: each bf16 level this machine has, and at amx also the row with
+// float operands in AMX tiles.
+struct Bf16Row {
+  IsaLevel level;
+  bool amx_float_tiles;
+  ScaledGemmFn kernel() const { return scaled_gemm_kernel(level, amx_float_tiles); }
+  std::string name() const {
+    return std::string(isa_level_name(level)) + (amx_float_tiles ? "_float_tiles" : "");
+  }
+};
+
+std::vector<Bf16Row> bf16_rows() {
+  std::vector<Bf16Row> out;
+  for (IsaLevel level : available_isa_levels()) {
+    if (level >= IsaLevel::kAvx512Bf16) out.push_back({level, false});
+    if (level >= IsaLevel::kAmx) out.push_back({level, true});
+  }
   return out;
 }
 
-class QuantGemmBf16Test : public ::testing::TestWithParam<std::tuple<IsaLevel, Case>> {};
+class QuantGemmBf16Test : public ::testing::TestWithParam<std::tuple<Bf16Row, Case>> {};
 
 TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
-  const auto [level, c] = GetParam();
-  const ScaledGemmFn kernel = scaled_gemm_kernel(level);
+  const auto [row, c] = GetParam();
+  const ScaledGemmFn kernel = row.kernel();
   const bool fp4 = c == Case::kNvfp4 || c == Case::kMxfp4;
   // Bitwise classes: int8 × int8 is exact; f32 weights fall back to the canonical avx512 row.
   const bool bitwise = c == Case::kInt8Int8 || c == Case::kF32;
@@ -200,8 +215,8 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
                       {19, fp4 ? 160 : 161}}) {
     const Operand op = make_operand(rng, c, n, k);
     for (int64_t m : {1, 2, 3, 16, 17, 64, 130}) {
-      SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << case_name(c) << " m="
-                                        << m << " n=" << n << " k=" << k);
+      SCOPED_TRACE(::testing::Message()
+                   << row.name() << " " << case_name(c) << " m=" << m << " n=" << n << " k=" << k);
       const Activations a = make_activations(rng, c, m, op.w);
       std::vector<float> out(m * n), ref(m * n);
       kernel(a.view, m, op.w, e, 0, n, out.data(), n);
@@ -236,12 +251,12 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
 // them at this K) into working memory; every output equals its row's call alone, which streams
 // the weights, and the reference within tolerance.
 TEST_P(QuantGemmBf16Test, ColumnBlocksDecodedOnceGiveTheStreamedBits) {
-  const auto [level, c] = GetParam();
+  const auto [row, c] = GetParam();
   std::mt19937 rng(13);
   const int64_t m = 17, n = 40, k = 8192, e = 1;
   const Operand op = make_operand(rng, c, n, k);
   const Activations a = make_activations(rng, c, m, op.w);
-  const ScaledGemmFn kernel = scaled_gemm_kernel(level);
+  const ScaledGemmFn kernel = row.kernel();
   std::vector<float> out(m * n), ref(m * n);
   kernel(a.view, m, op.w, e, 0, n, out.data(), n);
   scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
@@ -258,7 +273,7 @@ TEST_P(QuantGemmBf16Test, ColumnBlocksDecodedOnceGiveTheStreamedBits) {
 }
 
 TEST_P(QuantGemmBf16Test, ActivationsNotBf16ExactRunTheCanonicalRow) {
-  const auto [level, c] = GetParam();
+  const auto [row, c] = GetParam();
   if (c == Case::kInt8Int8) GTEST_SKIP() << "int8 codes are exact at every level";
   std::mt19937 rng(11);
   const int64_t m = 5, n = 7, k = 96;
@@ -268,7 +283,7 @@ TEST_P(QuantGemmBf16Test, ActivationsNotBf16ExactRunTheCanonicalRow) {
   for (float& v : a.codes) v = unit(rng);  // f32 values, not bf16
   a.view.bf16_exact = false;
   std::vector<float> out(m * n), ref(m * n);
-  scaled_gemm_kernel(level)(a.view, m, op.w, 1, 0, n, out.data(), n);
+  row.kernel()(a.view, m, op.w, 1, 0, n, out.data(), n);
   scaled_gemm_ref(a.view, m, op.w, 1, 0, n, ref.data(), n);
   for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(out[i], ref[i]) << i;
 }
@@ -297,11 +312,11 @@ TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
   a.bf16_exact = true;
   std::vector<float> ref(kCodes);
   scaled_gemm_ref(a, 1, w, 0, 0, kCodes, ref.data(), kCodes);
-  for (IsaLevel level : bf16_levels()) {
+  for (const Bf16Row& row : bf16_rows()) {
     std::vector<float> out(kCodes);
-    scaled_gemm_kernel(level)(a, 1, w, 0, 0, kCodes, out.data(), kCodes);
+    row.kernel()(a, 1, w, 0, 0, kCodes, out.data(), kCodes);
     for (int64_t code = 0; code < kCodes; ++code) {
-      SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " code " << code);
+      SCOPED_TRACE(::testing::Message() << row.name() << " code " << code);
       ASSERT_EQ(std::isnan(ref[code]), (code & 0x7f) == 0x7f);
       if (std::isnan(ref[code]))
         ASSERT_TRUE(std::isnan(out[code]));
@@ -343,16 +358,20 @@ TEST(QuantGemmBf16DecodeTest, EveryFp4CodeUnderEveryScaleDecodesExactly) {
     a.bf16_exact = true;
     std::vector<float> ref(kK * kScales);
     scaled_gemm_ref(a, kK, w, 0, 0, kScales, ref.data(), kScales);
+    std::vector<Bf16Row> rows;  // every level, and the amx row with float tiles
     for (IsaLevel level : available_isa_levels()) {
-      const bool bf16 = level >= IsaLevel::kAvx512Bf16;
+      rows.push_back({level, false});
+      if (level >= IsaLevel::kAmx) rows.push_back({level, true});
+    }
+    for (const Bf16Row& row : rows) {
+      const bool bf16 = row.level >= IsaLevel::kAvx512Bf16;
       std::vector<float> all(kK * kScales), one(kScales);
-      scaled_gemm_kernel(level)(a, kK, w, 0, 0, kScales, all.data(), kScales);
+      row.kernel()(a, kK, w, 0, 0, kScales, all.data(), kScales);
       for (int64_t j = 0; j < kK; ++j) {
-        scaled_gemm_kernel(level)(activation_rows_from(a, j), 1, w, 0, 0, kScales, one.data(),
-                                  kScales);
+        row.kernel()(activation_rows_from(a, j), 1, w, 0, 0, kScales, one.data(), kScales);
         for (int64_t c = 0; c < kScales; ++c) {
-          SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " fp4 group " << group
-                                            << " element " << j << " scale code " << c);
+          SCOPED_TRACE(::testing::Message() << row.name() << " fp4 group " << group << " element "
+                                            << j << " scale code " << c);
           const float want = ref[j * kScales + c];
           for (const float got : {all[j * kScales + c], one[c]}) {
             if (std::isnan(want))
@@ -368,18 +387,45 @@ TEST(QuantGemmBf16DecodeTest, EveryFp4CodeUnderEveryScaleDecodesExactly) {
   }
 }
 
-std::vector<std::tuple<IsaLevel, Case>> params() {
-  std::vector<std::tuple<IsaLevel, Case>> out;
-  for (IsaLevel level : bf16_levels())
+// MOECORE_AMX_FLOAT_TILES picks the float-tiles row at the amx level only, read at each pick; a
+// malformed value is an error, not a silent default.
+TEST(QuantGemmBf16RowTest, AmxFloatTilesVariableChoosesTheRowAtTheAmxLevelOnly) {
+  struct Restore {  // the caller's setting (a suite may run with the tiles on)
+    const char* set = std::getenv("MOECORE_AMX_FLOAT_TILES");
+    std::string value = set != nullptr ? set : "";
+    ~Restore() {
+      if (set != nullptr)
+        setenv("MOECORE_AMX_FLOAT_TILES", value.c_str(), 1);
+      else
+        unsetenv("MOECORE_AMX_FLOAT_TILES");
+    }
+  } restore;
+  unsetenv("MOECORE_AMX_FLOAT_TILES");
+  const ScaledGemmFn tiles = scaled_gemm_kernel(IsaLevel::kAmx, true);
+  const ScaledGemmFn streamed = scaled_gemm_kernel(IsaLevel::kAmx, false);
+  EXPECT_EQ(scaled_gemm_kernel(IsaLevel::kAmx), streamed);  // unset: off
+  setenv("MOECORE_AMX_FLOAT_TILES", "1", 1);
+  EXPECT_EQ(scaled_gemm_kernel(IsaLevel::kAmx), tiles);
+  for (IsaLevel below : {IsaLevel::kScalar, IsaLevel::kAvx512, IsaLevel::kAvx512Bf16})
+    EXPECT_EQ(scaled_gemm_kernel(below), scaled_gemm_kernel(below, false));
+  setenv("MOECORE_AMX_FLOAT_TILES", "off", 1);
+  EXPECT_EQ(scaled_gemm_kernel(IsaLevel::kAmx), streamed);
+  setenv("MOECORE_AMX_FLOAT_TILES", "tiles", 1);
+  EXPECT_THROW(scaled_gemm_kernel(IsaLevel::kAmx), InvalidArgument);
+}
+
+std::vector<std::tuple<Bf16Row, Case>> params() {
+  std::vector<std::tuple<Bf16Row, Case>> out;
+  for (const Bf16Row& row : bf16_rows())
     for (Case c : {Case::kBf16, Case::kF32, Case::kFp8Tensor, Case::kFp8Channel, Case::kFp8Block,
                    Case::kInt8, Case::kInt8Int8, Case::kNvfp4, Case::kMxfp4})
-      out.emplace_back(level, c);
+      out.emplace_back(row, c);
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmBf16Test, ::testing::ValuesIn(params()),
                          [](const auto& info) {
-                           return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
+                           return std::get<0>(info.param).name() + "_" +
                                   case_name(std::get<1>(info.param));
                          });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(QuantGemmBf16Test);

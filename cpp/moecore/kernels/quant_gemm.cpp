@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "moecore/core/env.h"
 #include "moecore/core/error.h"
 #include "moecore/formats/e8m0.h"
 #include "moecore/formats/fp4.h"
@@ -186,9 +187,11 @@ uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes) {
 }
 
 // Rows are named explicitly (a missing ISA file is a link error, not a silent gap).
-ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
+ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles) {
 #ifdef MOECORE_COMPILED_AMX
-  if (level >= IsaLevel::kAmx) return scaled_gemm_amx;
+  if (level >= IsaLevel::kAmx) return amx_float_tiles ? scaled_gemm_amx_tiles : scaled_gemm_amx;
+#else
+  (void)amx_float_tiles;
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
   if (level >= IsaLevel::kAvx512Bf16) return scaled_gemm_avx512_bf16;
@@ -202,9 +205,14 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
   return scaled_gemm_ref;
 }
 
+ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
+  return scaled_gemm_kernel(level, env_flag("MOECORE_AMX_FLOAT_TILES", false));
+}
+
 size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w) {
 #ifdef MOECORE_COMPILED_AMX
-  if (kernel == scaled_gemm_amx) return scaled_gemm_amx_scratch_bytes(w);
+  if (kernel == scaled_gemm_amx || kernel == scaled_gemm_amx_tiles)
+    return scaled_gemm_amx_scratch_bytes(w);
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
   if (kernel == scaled_gemm_avx512_bf16) return scaled_gemm_avx512_bf16_scratch_bytes(w);

@@ -162,7 +162,12 @@ using ScaledGemmFn = void (*)(const ActivationCodes& a, int64_t m, const WeightO
                               int64_t e, int64_t n0, int64_t n, float* out, int64_t ldo);
 
 /// The best row at or below `level` that this build has (pick once at construction, never per
-/// call or per M: batch invariance).
+/// call or per M: batch invariance). At the amx level, bf16-exact float operands multiply in
+/// AMX tiles (scaled_gemm_amx_tiles) when `amx_float_tiles`, else as at avx512_bf16.
+ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles);
+/// The same with amx_float_tiles from MOECORE_AMX_FLOAT_TILES (default off: the tiles make
+/// prefill 2.4–3.4× faster but decode slower; README, Kernels), read at each call, so a runner
+/// keeps what it picked when it was built.
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
 
 /// The GemmScratch bytes that row `kernel` (a row of this build, e.g. from scaled_gemm_kernel)
@@ -196,6 +201,10 @@ size_t scaled_gemm_avx512_bf16_scratch_bytes(const WeightOperand& w);
 void scaled_gemm_amx(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo);
 size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w);
+/// The amx row with bf16-exact float operands in TDPBF16PS tiles at every M (its own summation
+/// order: the hardware's, step by step along K).
+void scaled_gemm_amx_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                           int64_t n0, int64_t n, float* out, int64_t ldo);
 #endif
 
 }  // namespace moecore

@@ -16,102 +16,13 @@
 // layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other operands
 // run the avx512 row. Working memory comes from the call's GemmScratch and never depends on M.
 #include "moecore/kernels/x86/bf16_operands.h"
-#include "moecore/kernels/x86/weight_streams.h"
+#include "moecore/kernels/x86/bf16_streams.h"
 
 namespace moecore {
 namespace {
 
 // Activation rows converted to bf16 at a time (the weights stream once per chunk).
 constexpr int64_t kRowChunk = 64;
-
-// ---- bf16-exact operands: streamed weights ----------------------------------------------------
-
-// Elements [k, k + 32) of channel c's weight row as 32 bf16 codes (lanes outside `mask` are +0):
-// two exact fp32 decodes, rounded to bf16 exactly (the codes are bf16 values).
-template <class Stream>
-inline __m512i load_bf16x32(const Stream& stream, int c, int64_t k, __mmask32 mask) {
-  const __m512 lo = stream.load(c, k, static_cast<__mmask16>(mask));
-  // The upper half is not read at all past the row's end.
-  const __m512 hi = (mask >> 16) != 0 ? stream.load(c, k + 16, static_cast<__mmask16>(mask >> 16))
-                                      : _mm512_setzero_ps();
-  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-// bf16 weights are loaded as they are.
-template <>
-inline __m512i load_bf16x32(const DenseStream<DType::kBF16>& stream, int c, int64_t k,
-                            __mmask32 mask) {
-  return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(stream.row[c]) + k);
-}
-
-// e4m3fn codes straight to bf16 bits, exactly (fewer steps than two fp32 decodes): a normal code
-// S.EEEE.MMM is S | (EEEE.MMM << 4) + (120 << 7), its exponent rebiased from 7 to 127; the
-// subnormals 0.MMM · 2^-6 (and ±0) come from a table; the NaN codes S.1111.111 become bf16's
-// quiet NaN with their sign, as in the fp32 decoder.
-template <>
-inline __m512i load_bf16x32(const Fp8Stream& stream, int c, int64_t k, __mmask32 mask) {
-  const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, stream.row[c] + k));
-  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
-  __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  const __m512i subnormals = _mm512_setr_epi32(0x3b000000, 0x3bc03b80, 0x3c203c00, 0x3c603c40, 0, 0,
-                                               0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag,
-                                    subnormals);
-  v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)),
-                            _mm512_set1_epi16(0x7fc0));
-  // v | (x << 8 & 0x8000): the sign.
-  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(x, 8),
-                                   _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xf8);
-}
-
-// Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of a 32-entry bf16 table,
-// the 16 weights of the block scale of elements [k, k + 16), then of [k + 16, k + 32): the fp32
-// tables of weight_streams.h rounded to bf16, exactly (≤ 6 significant bits; subnormals, which
-// VDPBF16PS would read as zero anyway, become zero).
-struct Fp4Bf16Tables {
-  alignas(64) uint16_t values[256][16];
-  explicit Fp4Bf16Tables(const Fp4Tables& fp32) {
-    for (int c = 0; c < 256; ++c)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(values[c]),
-                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(fp32.values[c])));
-  }
-};
-
-// The fp4 stream of weight_streams.h with the bf16 tables beside its fp32 ones.
-template <int kGroup>
-struct Fp4Bf16Stream : Fp4Stream<kGroup> {
-  const Fp4Bf16Tables& bf16_tables = tables_of_coding();
-  /// The bf16 table of channel c's element k.
-  const __m256i* table(int c, int64_t k) const {
-    return reinterpret_cast<const __m256i*>(bf16_tables.values[this->scale_code(c, k)]);
-  }
-  static const Fp4Bf16Tables& tables_of_coding() {
-    static const Fp4Bf16Tables tables(fp4_tables<kGroup>());
-    return tables;
-  }
-};
-
-// Word 2j of the index vector takes byte j's low nibble, word 2j + 1 its high nibble. Words 0–15
-// permute the table of elements [k, k + 16); with 16-element groups words 16–31 permute the next
-// block's table in a second, masked permute. K is a multiple of the group, so an mxfp4 step is
-// always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
-template <int kGroup>
-inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
-  const uint8_t* bytes = stream.row[c] + k / 2;
-  const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
-  const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
-                               : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
-  const __m512i x = _mm512_cvtepu8_epi32(packed);
-  // (x | x << 12) & 0x000f000f
-  const __m512i nibbles =
-      _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  const __m512i lo = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k)));
-  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, lo);
-  const __m512i first = _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, lo);
-  if (!upper) return first;
-  const __m512i hi = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k + 16)));
-  return _mm512_mask_permutexvar_epi16(first, 0xffff0000, nibbles, hi);
-}
 
 // Weight rows already decoded: the exact vectors load_bf16x32 gave for them, element k at byte 2k
 // of a row (rows row_bytes apart in the call's scratch, from weight row first_row on).
