@@ -526,22 +526,21 @@ void float_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& 
     float* const pair_out = out + c0;
     for (int64_t t0 = 0; t0 < row_tiles; t0 += 2) {
       const bool two_rows = t0 + 1 < row_tiles;
+      // The tile block's shape as template arguments: weight tiles × row tiles.
       auto run = [&](auto a_tile) {
-        if (pair.tiles == 2) {
+        auto with_weight_tiles = [&](auto weight_tiles) {
+          constexpr int kWeightTiles = decltype(weight_tiles)::value;
           if (two_rows)
-            float_pair_rows_any<2, 2>(a, m, t0, pair, cols, alpha, buffers, pair_out, ldo, ring,
-                                      a_tile, loaded);
+            float_pair_rows_any<kWeightTiles, 2>(a, m, t0, pair, cols, alpha, buffers, pair_out,
+                                                 ldo, ring, a_tile, loaded);
           else
-            float_pair_rows_any<2, 1>(a, m, t0, pair, cols, alpha, buffers, pair_out, ldo, ring,
-                                      a_tile, loaded);
-        } else {
-          if (two_rows)
-            float_pair_rows_any<1, 2>(a, m, t0, pair, cols, alpha, buffers, pair_out, ldo, ring,
-                                      a_tile, loaded);
-          else
-            float_pair_rows_any<1, 1>(a, m, t0, pair, cols, alpha, buffers, pair_out, ldo, ring,
-                                      a_tile, loaded);
-        }
+            float_pair_rows_any<kWeightTiles, 1>(a, m, t0, pair, cols, alpha, buffers, pair_out,
+                                                 ldo, ring, a_tile, loaded);
+        };
+        if (pair.tiles == 2)
+          with_weight_tiles(std::integral_constant<int, 2>{});
+        else
+          with_weight_tiles(std::integral_constant<int, 1>{});
       };
       if (ring)
         run(ring_tile);
