@@ -211,8 +211,8 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
 
 size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w) {
 #ifdef MOECORE_COMPILED_AMX
-  if (kernel == scaled_gemm_amx || kernel == scaled_gemm_amx_tiles)
-    return scaled_gemm_amx_scratch_bytes(w);
+  if (kernel == scaled_gemm_amx) return scaled_gemm_amx_scratch_bytes(w);
+  if (kernel == scaled_gemm_amx_tiles) return scaled_gemm_amx_tiles_scratch_bytes(w);
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
   if (kernel == scaled_gemm_avx512_bf16) return scaled_gemm_avx512_bf16_scratch_bytes(w);

@@ -205,6 +205,7 @@ size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w);
 /// order: the hardware's, step by step along K).
 void scaled_gemm_amx_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                            int64_t n0, int64_t n, float* out, int64_t ldo);
+size_t scaled_gemm_amx_tiles_scratch_bytes(const WeightOperand& w);
 #endif
 
 }  // namespace moecore

@@ -565,7 +565,7 @@ void run_float_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w
 void scaled_gemm_float_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                              int64_t n0, int64_t n, float* out, int64_t ldo) {
   const PaddedK pk(w, CodeType::kBf16);
-  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_amx_scratch_bytes(w)));
+  ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_amx_tiles_scratch_bytes(w)));
   const FloatBuffers buffers(carver, pk);
   switch (w.coding) {
     case WeightCoding::kDense:  // bf16 (bf16_operands)
@@ -588,13 +588,16 @@ void scaled_gemm_float_tiles(const ActivationCodes& a, int64_t m, const WeightOp
 }  // namespace
 
 size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w) {
-  // Float tiles for bf16-exact operands, int8 codes for int8 weights (integer_operands); calls the
-  // avx512_bf16 row takes use its memory.
-  size_t bytes = std::max(scaled_gemm_avx512_bf16_scratch_bytes(w),
-                          float_scratch_bytes(PaddedK(w, CodeType::kBf16)));
+  // int8 codes for int8 weights (integer_operands); calls the avx512_bf16 row takes use its memory.
+  size_t bytes = scaled_gemm_avx512_bf16_scratch_bytes(w);
   if (w.coding == WeightCoding::kInt8)
     bytes = std::max(bytes, own_scratch_bytes(PaddedK(w, CodeType::kInt8)));
   return bytes;
+}
+
+size_t scaled_gemm_amx_tiles_scratch_bytes(const WeightOperand& w) {
+  return std::max(scaled_gemm_amx_scratch_bytes(w),
+                  float_scratch_bytes(PaddedK(w, CodeType::kBf16)));
 }
 
 void scaled_gemm_amx(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
