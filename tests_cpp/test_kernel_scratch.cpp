@@ -276,29 +276,32 @@ TEST_P(ActQuantizerScratchTest, AllocatesNothingAndMatchesQuantizeActivation) {
   const float static_scale = per_tensor ? ref.scale.ptr<float>()[0] : 0.0f;
 
   const int64_t per_row = act_scales_per_row(rule, kK, kGroup);
-  std::vector<float> rows(kRows * kLd, -7.0f), scales(kRows * per_row, -1.0f);
-  for (int64_t r = 0; r < kRows; ++r) std::memcpy(&rows[r * kLd], xs + r * kK, kK * sizeof(float));
-  EXPECT_EQ(count_allocations([&] {
-              const ActivationQuantizer made =
-                  make_act_quantizer(rule, static_scale, kGroup, ue8m0);
-              const ActivationQuantizer copy = made;
-              copy(rows.data(), kRows, kK, kLd, scales.data());
-            }),
-            0);
-
   const bool int8 = rule == ActQuant::kInt8PerToken;
   const uint8_t* codes = static_cast<const uint8_t*>(ref.q.view().data);
   const float* table = fp8_e4m3_table();
-  for (int64_t r = 0; r < kRows; ++r) {
-    std::vector<float> expected(kK);
-    for (int64_t i = 0; i < kK; ++i) {
-      const uint8_t q = codes[r * kK + i];
-      expected[i] = int8 ? static_cast<float>(static_cast<int8_t>(q)) : table[q];
+  for (IsaLevel level : available_isa_levels()) {  // each level's act_quant_kernels row
+    SCOPED_TRACE(isa_level_name(level));
+    std::vector<float> rows(kRows * kLd, -7.0f), scales(kRows * per_row, -1.0f);
+    for (int64_t r = 0; r < kRows; ++r)
+      std::memcpy(&rows[r * kLd], xs + r * kK, kK * sizeof(float));
+    EXPECT_EQ(count_allocations([&] {
+                const ActivationQuantizer made =
+                    make_act_quantizer(level, rule, static_scale, kGroup, ue8m0);
+                const ActivationQuantizer copy = made;
+                copy(rows.data(), kRows, kK, kLd, scales.data());
+              }),
+              0);
+    for (int64_t r = 0; r < kRows; ++r) {
+      std::vector<float> expected(kK);
+      for (int64_t i = 0; i < kK; ++i) {
+        const uint8_t q = codes[r * kK + i];
+        expected[i] = int8 ? static_cast<float>(static_cast<int8_t>(q)) : table[q];
+      }
+      ASSERT_TRUE(same_bits(expected.data(), &rows[r * kLd], kK)) << "codes of row " << r;
+      for (int64_t i = kK; i < kLd; ++i) ASSERT_EQ(rows[r * kLd + i], -7.0f) << "past K, row " << r;
+      const float* want = ref.scale.ptr<float>() + (per_tensor ? 0 : r * per_row);
+      ASSERT_TRUE(same_bits(want, &scales[r * per_row], per_row)) << "scales of row " << r;
     }
-    ASSERT_TRUE(same_bits(expected.data(), &rows[r * kLd], kK)) << "codes of row " << r;
-    for (int64_t i = kK; i < kLd; ++i) ASSERT_EQ(rows[r * kLd + i], -7.0f) << "past K, row " << r;
-    const float* want = ref.scale.ptr<float>() + (per_tensor ? 0 : r * per_row);
-    ASSERT_TRUE(same_bits(want, &scales[r * per_row], per_row)) << "scales of row " << r;
   }
 }
 

@@ -692,34 +692,37 @@ TEST(PreparedFlashinferRegistryTest, EveryFlashinferPreparedRunHasACase) {
   EXPECT_EQ(registered, 5);  // (standard | flashinfer) × 2 runners, and (deepep_ll, cutedsl)
 }
 
-// The quantizers work in stack chunks: the same bits as formats' whole-row functions, and no
-// allocation, on rows longer than a chunk and not a multiple of it.
-TEST(PreparedFlashinferQuantizerTest, ChunkedQuantizersEqualWholeRowsWithoutAllocating) {
+// At every level, the quantizers give the bits of formats' whole-row functions without
+// allocating, on rows longer than a stack chunk and not a multiple of one.
+TEST(PreparedFlashinferQuantizerTest, QuantizersEqualWholeRowsWithoutAllocatingAtEveryLevel) {
   std::mt19937 rng(7);
   const int64_t rows = 3, k = 1040, ld = 1056;
   const Tensor x = random_tensor(rng, {rows, ld}, DType::kF32, 3.0f);
   const float* src = x.ptr<float>();
   const float gs = 150.0f, multiplier = 37.5f;
-  std::vector<float> nvfp4(src, src + rows * ld), fp8 = nvfp4, scales(rows);
-  const ActivationQuantizer nvfp4_q = flashinfer_detail::nvfp4_quantizer(gs);
-  const ActivationQuantizer fp8_q = flashinfer_detail::fp8_multiply_quantizer(multiplier);
-  EXPECT_EQ(count_allocations([&] {
-              nvfp4_q(nvfp4.data(), rows, k, ld, scales.data());
-              fp8_q(fp8.data(), rows, k, ld, scales.data());
-            }),
-            0);
-  std::vector<uint8_t> q(k), sf(k / kNvfp4BlockSize);
-  std::vector<float> want(k);
-  for (int64_t r = 0; r < rows; ++r) {
-    nvfp4_quantize_row(src + r * ld, k, gs, q.data(), sf.data());
-    nvfp4_code_values_row(q.data(), sf.data(), k, want.data());
-    EXPECT_EQ(std::memcmp(want.data(), nvfp4.data() + r * ld, k * sizeof(float)), 0) << r;
-    fp8_quantize_row_mul(src + r * ld, k, multiplier, q.data());
-    for (int64_t i = 0; i < k; ++i) want[i] = fp8_e4m3_table()[q[i]];
-    EXPECT_EQ(std::memcmp(want.data(), fp8.data() + r * ld, k * sizeof(float)), 0) << r;
-    // Columns past k are not touched.
-    EXPECT_EQ(std::memcmp(src + r * ld + k, nvfp4.data() + r * ld + k, (ld - k) * sizeof(float)),
+  for (IsaLevel level : available_isa_levels()) {
+    SCOPED_TRACE(isa_level_name(level));
+    std::vector<float> nvfp4(src, src + rows * ld), fp8 = nvfp4, scales(rows);
+    const ActivationQuantizer nvfp4_q = flashinfer_detail::nvfp4_quantizer(level, gs);
+    const ActivationQuantizer fp8_q = flashinfer_detail::fp8_multiply_quantizer(level, multiplier);
+    EXPECT_EQ(count_allocations([&] {
+                nvfp4_q(nvfp4.data(), rows, k, ld, scales.data());
+                fp8_q(fp8.data(), rows, k, ld, scales.data());
+              }),
               0);
+    std::vector<uint8_t> q(k), sf(k / kNvfp4BlockSize);
+    std::vector<float> want(k);
+    for (int64_t r = 0; r < rows; ++r) {
+      nvfp4_quantize_row(src + r * ld, k, gs, q.data(), sf.data());
+      nvfp4_code_values_row(q.data(), sf.data(), k, want.data());
+      EXPECT_EQ(std::memcmp(want.data(), nvfp4.data() + r * ld, k * sizeof(float)), 0) << r;
+      fp8_quantize_row_mul(src + r * ld, k, multiplier, q.data());
+      for (int64_t i = 0; i < k; ++i) want[i] = fp8_e4m3_table()[q[i]];
+      EXPECT_EQ(std::memcmp(want.data(), fp8.data() + r * ld, k * sizeof(float)), 0) << r;
+      // Columns past k are not touched.
+      EXPECT_EQ(std::memcmp(src + r * ld + k, nvfp4.data() + r * ld + k, (ld - k) * sizeof(float)),
+                0);
+    }
   }
 }
 

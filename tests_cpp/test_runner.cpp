@@ -500,7 +500,7 @@ TEST(ExpertScheduleTest, FusedEpiloguesGiveTheBitsOfTheUnfusedPipeline) {
               g->weight.scale = fp8_weights.back().scale.view();
               g->weight.block_n = g->weight.block_k = 32;
             }
-            g->quantize = make_act_quantizer(quant.rule, 0.0f, 32);
+            g->quantize = make_act_quantizer(current_isa_level(), quant.rule, 0.0f, 32);
             g->scales_per_row = act_scales_per_row(quant.rule, g->weight.k, 32);
             g->quantize_segment = act_quant_segment(quant.rule, 32);
           }

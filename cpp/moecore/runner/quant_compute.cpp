@@ -1,8 +1,8 @@
 // The 8-bit activation-quantizer plumbing and scale checks (see quant_compute.h). Every rule is
 // formats arithmetic (moecore/formats/quantize.h): quantize_activation runs its whole-row kernel;
 // the in-place callback runs the same rule as the two steps quantize.h documents (scale from the
-// whole row or group, then the elementwise encode) so that codes pass through a bounded stack
-// buffer: no allocation per call, and the tests hold the two paths bitwise equal.
+// whole row or group, then the elementwise encode) on its act_quant_kernels row, whose rows give
+// the formats rules' bits without allocating; the tests hold the two paths bitwise equal.
 #include "moecore/runner/quant_compute.h"
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
-#include "moecore/formats/fp8.h"
+#include "moecore/kernels/act_quant.h"
 #include "moecore/kernels/convert.h"
 
 namespace moecore {
@@ -51,58 +51,47 @@ bool is_group_rule(ActQuant rule) {
   return rule == ActQuant::kFp8PerTokenGroup || rule == ActQuant::kFp8SiluPostGroup;
 }
 
-// Codes pass through a stack buffer of this many bytes, kCodeChunk values at a time.
-constexpr int64_t kCodeChunk = 512;
-
-// The elementwise step of a rule over values that share one scale (a segment).
+// The elementwise step of a rule over values that share one scale (a segment), in place.
 struct SegmentEncoder {
   ActQuant rule;
   // kFp8Static / kFp8PerTensorDynamic: the scale; kFp8PerToken: the multiplier (1/s, 0 when s is
   // 0); group rules: the scale s (a divisor); kInt8PerToken: a = max(amax, eps).
   float value;
 
-  void encode(const float* x, int64_t n, uint8_t* q) const {
+  // x[0, n) replaced by their codes' fp32 values.
+  void encode_in_place(const ActQuantKernels& kernels, float* x, int64_t n) const {
     switch (rule) {
       case ActQuant::kFp8Static:
-      case ActQuant::kFp8PerTensorDynamic:
-        return fp8_quantize_row_static(x, n, value, q);
+      case ActQuant::kFp8PerTensorDynamic:  // fp8_quantize_row_static
+        return kernels.fp8_mul(x, n, 1.0f / value);
       case ActQuant::kFp8PerToken:
-        return fp8_quantize_row_mul(x, n, value, q);
+        return kernels.fp8_mul(x, n, value);
       case ActQuant::kFp8PerTokenGroup:
       case ActQuant::kFp8SiluPostGroup:
-        return fp8_quantize_row_div(x, n, value, q);
+        return kernels.fp8_div(x, n, value);
       case ActQuant::kInt8PerToken:
-        return int8_quantize_row(x, n, value, reinterpret_cast<int8_t*>(q));
+        return kernels.int8(x, n, value);
       case ActQuant::kNone:
         return;
     }
   }
-
-  // x[0, n) replaced by their codes' fp32 values, kCodeChunk at a time.
-  void encode_in_place(float* x, int64_t n) const {
-    uint8_t q[kCodeChunk];
-    const float* table = fp8_e4m3_table();
-    for (int64_t i0 = 0; i0 < n; i0 += kCodeChunk) {
-      const int64_t len = std::min(kCodeChunk, n - i0);
-      encode(x + i0, len, q);
-      if (rule == ActQuant::kInt8PerToken)
-        for (int64_t i = 0; i < len; ++i) x[i0 + i] = static_cast<float>(static_cast<int8_t>(q[i]));
-      else
-        for (int64_t i = 0; i < len; ++i) x[i0 + i] = table[q[i]];
-    }
-  }
 };
 
-// make_act_quantizer's callback: the rule's parameters packed into 16 trivially copyable bytes,
-// which std::function stores inline (no heap allocation when it is made or copied).
+// make_act_quantizer's callback: the kernel row and the rule's parameters packed into 16
+// trivially copyable bytes, which std::function stores inline (no heap allocation when it is made
+// or copied). A rule reads one parameter: the static rules their scale, the group rules their
+// group (and ue8m0).
 struct InPlaceQuantizer {
-  float static_scale;
-  int32_t group;
+  const ActQuantKernels* kernels;  // act_quant_kernels(level), picked by make_act_quantizer
+  union {
+    float static_scale;  // kFp8Static, kFp8PerTensorDynamic
+    int32_t group;       // kFp8PerTokenGroup, kFp8SiluPostGroup
+  };
   ActQuant rule;
   bool ue8m0;
 
   void operator()(float* rows, int64_t m, int64_t k, int64_t ld, float* scales) const {
-    const int64_t per_row = act_scales_per_row(rule, k, group);
+    const int64_t per_row = is_group_rule(rule) ? act_scales_per_row(rule, k, group) : 1;
     for (int64_t r = 0; r < m; ++r) quantize_row_in_place(rows + r * ld, k, scales + r * per_row);
   }
 
@@ -112,7 +101,7 @@ struct InPlaceQuantizer {
     const int64_t segment = is_group_rule(rule) ? group : k;
     for (int64_t b = 0, k0 = 0; k0 < k; ++b, k0 += segment) {
       const int64_t n = std::min(segment, k - k0);
-      scale_step(row + k0, n, scales + b).encode_in_place(row + k0, n);
+      scale_step(row + k0, n, scales + b).encode_in_place(*kernels, row + k0, n);
     }
   }
 
@@ -125,18 +114,19 @@ struct InPlaceQuantizer {
         *scale = static_scale;
         return {rule, static_scale};
       case ActQuant::kFp8PerToken: {  // fp8_quantize_row_per_token, eps 0
-        const float s = fp8_dynamic_scale(amax_row(x, n), 0.0f);
+        const float s = fp8_dynamic_scale(kernels->amax(x, n), 0.0f);
         *scale = s;
         return {rule, s == 0.0f ? 0.0f : 1.0f / s};
       }
       case ActQuant::kFp8PerTokenGroup:
       case ActQuant::kFp8SiluPostGroup: {  // fp8_quantize_group_row
-        const float s = fp8_group_scale(amax_row(x, n), kActQuantEps, ue8m0, fp8_group_rule(rule));
+        const float s =
+            fp8_group_scale(kernels->amax(x, n), kActQuantEps, ue8m0, fp8_group_rule(rule));
         *scale = s;
         return {rule, s};
       }
       case ActQuant::kInt8PerToken: {  // int8_quantize_row_per_token
-        const float a = std::fmax(amax_row(x, n), kActQuantEps);
+        const float a = std::fmax(kernels->amax(x, n), kActQuantEps);
         *scale = a / 127.0f;
         return {rule, a};
       }
@@ -216,13 +206,21 @@ int64_t act_quant_segment(ActQuant rule, int64_t group) {
   return rule == ActQuant::kFp8Static ? 1 : 0;
 }
 
-ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale, int64_t group,
-                                       bool ue8m0) {
+ActivationQuantizer make_act_quantizer(IsaLevel level, ActQuant rule, float static_scale,
+                                       int64_t group, bool ue8m0) {
   if (rule == ActQuant::kNone) return {};
   MOECORE_INTERNAL_CHECK(
       !is_group_rule(rule) || (group > 0 && group <= std::numeric_limits<int32_t>::max()),
       "make_act_quantizer: group ", group, " out of range");
-  return InPlaceQuantizer{static_scale, static_cast<int32_t>(group), rule, ue8m0};
+  InPlaceQuantizer q{};
+  q.kernels = &act_quant_kernels(level);
+  if (is_group_rule(rule))
+    q.group = static_cast<int32_t>(group);
+  else
+    q.static_scale = static_scale;
+  q.rule = rule;
+  q.ue8m0 = ue8m0;
+  return q;
 }
 
 ActQuantResult quantize_activation(const TensorView& x, ActQuant rule, float scale, int64_t group,

@@ -11,6 +11,7 @@
 
 #include "moecore/core/tensor.h"
 #include "moecore/formats/quantize.h"
+#include "moecore/isa/isa.h"
 #include "moecore/runner/expert_compute.h"
 
 namespace moecore {
@@ -19,8 +20,9 @@ namespace moecore {
 constexpr float kActQuantEps = 1e-10f;
 
 /// How a GEMM input is quantized (sglang fused_moe_triton invoke_fused_moe_kernel and the
-/// DeepGEMM masked flow), and the formats row kernel each rule runs.
-enum class ActQuant {
+/// DeepGEMM masked flow), and the formats row kernel each rule runs. One byte, so that
+/// make_act_quantizer's callback fits std::function's inline storage.
+enum class ActQuant : uint8_t {
   kNone,                 // used as it is (W8A16, unquantized)
   kFp8Static,            // scaled_fp8_quant(A, scale): fp8_quantize_row_static
   kFp8PerTensorDynamic,  // scaled_fp8_quant(A): s = fp8_dynamic_scale(amax(A), 0) over the whole
@@ -46,13 +48,13 @@ inline float fp8_quant_group(const float* x, int64_t n, bool ue8m0, ActQuant rul
 
 /// The quantizer callback of one GEMM input (expert_compute.h's contract): quantizes each row
 /// of fp32 values in place to decoded codes (fp32 values of E4M3/INT8) and writes scales
-/// [m, scales_per_row]. `static_scale` is the per-tensor scale for kFp8Static and for
-/// kFp8PerTensorDynamic (computed over the batch by the caller). group: K block for the group
-/// rules. Returns an empty callback for kNone. Allocates nothing when called, made or copied (the
-/// callback fits std::function's inline storage; codes pass through a stack buffer), and gives
-/// the bits of quantize_activation.
-ActivationQuantizer make_act_quantizer(ActQuant rule, float static_scale = 0.0f, int64_t group = 0,
-                                       bool ue8m0 = false);
+/// [m, scales_per_row], with the act_quant_kernels row of `level` (picked here, once).
+/// `static_scale` is the per-tensor scale for kFp8Static and for kFp8PerTensorDynamic (computed
+/// over the batch by the caller). group: K block for the group rules. Returns an empty callback
+/// for kNone. Allocates nothing when called, made or copied (the callback fits std::function's
+/// inline storage), and gives the bits of quantize_activation at every level.
+ActivationQuantizer make_act_quantizer(IsaLevel level, ActQuant rule, float static_scale = 0.0f,
+                                       int64_t group = 0, bool ue8m0 = false);
 /// Scales per row that make_act_quantizer writes for a K of `k`: ⌈k/group⌉ for group rules, 1
 /// otherwise.
 int64_t act_scales_per_row(ActQuant rule, int64_t k, int64_t group);

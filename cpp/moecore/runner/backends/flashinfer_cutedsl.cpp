@@ -215,8 +215,8 @@ TokenMajorPlan cutedsl_v2_plan(const DispatchOutputPtr& dispatch, const QuantInf
   plan.dispatch = dispatch;
   plan.quant_info = quant_info;
   plan.mlp = cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kUpGateInterleaved, config);
-  if (!prequantized) use_nvfp4_quantizer(plan.mlp.gemm1, a1);
-  use_nvfp4_quantizer(plan.mlp.gemm2, a2);
+  if (!prequantized) use_nvfp4_quantizer(plan.mlp.gemm1, config.kernel_level(), a1);
+  use_nvfp4_quantizer(plan.mlp.gemm2, config.kernel_level(), a2);
   plan.keep_alive = {sf13, sf2};
   plan.expert_offset = q.local_expert_offset;
   plan.num_local_experts = e;
@@ -348,8 +348,8 @@ class MaskedRun final : public PreparedRun {
     const ExpertMlp base = cutedsl_mlp(q, s, sf13, sf2, spec, GateUpLayout::kGateUp, config);
     mlps_.assign(static_cast<size_t>(e_), base);
     for (int64_t i = 0; i < e_; ++i) {
-      if (!prequantized_) use_nvfp4_quantizer(mlps_[i].gemm1, a1[i]);
-      use_nvfp4_quantizer(mlps_[i].gemm2, a2[i]);
+      if (!prequantized_) use_nvfp4_quantizer(mlps_[i].gemm1, config.kernel_level(), a1[i]);
+      use_nvfp4_quantizer(mlps_[i].gemm2, config.kernel_level(), a2[i]);
     }
     weight_scales_ = {sf13, sf2};
     counts_.resize(static_cast<size_t>(e_));

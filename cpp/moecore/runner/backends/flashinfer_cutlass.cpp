@@ -209,8 +209,9 @@ void resolve_quant_type(const FlashInferCutlassMoeQuantInfo& q, const Activation
     mlp.gemm1.weight.scale = q.quant_scales[0].view();
     mlp.gemm2.weight = operand(WeightCoding::kFp8, w2, e, h, inter);
     mlp.gemm2.weight.scale = q.quant_scales[2].view();
-    use_fp8_multiply_quantizer(mlp.gemm1, 1.0f / in_dq);  // sgl-kernel: x · (1/scale)
-    use_fp8_multiply_quantizer(mlp.gemm2, fc2_quant);
+    // sgl-kernel: x · (1/scale)
+    use_fp8_multiply_quantizer(mlp.gemm1, config.kernel_level(), 1.0f / in_dq);
+    use_fp8_multiply_quantizer(mlp.gemm2, config.kernel_level(), fc2_quant);
     mlp.hidden = h;
     mlp.inter = inter;
   } else if (q.quant_type == "fp4") {
@@ -276,7 +277,7 @@ void resolve_quant_type(const FlashInferCutlassMoeQuantInfo& q, const Activation
       };
     } else {
       p.load_row = float_rows(x, h);
-      use_nvfp4_quantizer(mlp.gemm1, a1);
+      use_nvfp4_quantizer(mlp.gemm1, config.kernel_level(), a1);
     }
     mlp.gemm1.weight = operand(WeightCoding::kNvfp4, w13, e, n1, h);
     mlp.gemm1.weight.scale = sf13.view();
@@ -284,7 +285,7 @@ void resolve_quant_type(const FlashInferCutlassMoeQuantInfo& q, const Activation
     mlp.gemm2.weight = operand(WeightCoding::kNvfp4, w2, e, h, inter);
     mlp.gemm2.weight.scale = sf2.view();
     mlp.gemm2.weight.alpha = q.quant_scales[5].view();
-    use_nvfp4_quantizer(mlp.gemm2, a2);
+    use_nvfp4_quantizer(mlp.gemm2, config.kernel_level(), a2);
     p.keep_alive.push_back(sf13);
     p.keep_alive.push_back(sf2);
     mlp.hidden = h;

@@ -16,12 +16,13 @@
 #include "moecore/formats/fp8.h"
 #include "moecore/formats/layout.h"
 #include "moecore/formats/quantize.h"
+#include "moecore/kernels/act_quant.h"
 #include "moecore/kernels/convert.h"
 
 namespace moecore::flashinfer_detail {
 namespace {
 
-constexpr int64_t kChunk = 512;  // values per stack chunk (a multiple of the NVFP4 block)
+constexpr int64_t kChunk = 512;  // values per stack chunk
 
 /// When rsf is set, out = round(out · rsf): sglang multiplies the finished output.
 void scale_output(const Tensor& out, const std::optional<float>& rsf) {
@@ -221,42 +222,31 @@ void TokenMajorRun::run() {
 
 // ---------------------------------------------------------------------------------------------
 
-ActivationQuantizer nvfp4_quantizer(float global_scale) {
-  return [global_scale](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
-    uint8_t q[kChunk / 2], sf[kChunk / kNvfp4BlockSize];
+ActivationQuantizer nvfp4_quantizer(IsaLevel level, float global_scale) {
+  const ActQuantKernels* kernels = &act_quant_kernels(level);
+  return [kernels, global_scale](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
     for (int64_t r = 0; r < m; ++r) {
-      float* row = rows + r * ld;
-      for (int64_t c = 0; c < k; c += kChunk) {  // blocks are independent: chunks change nothing
-        const int64_t n = std::min(kChunk, k - c);
-        nvfp4_quantize_row(row + c, n, global_scale, q, sf);
-        nvfp4_code_values_row(q, sf, n, row + c);
-      }
+      kernels->nvfp4(rows + r * ld, k, global_scale);
       scales[r] = 1.0f;
     }
   };
 }
 
-void use_nvfp4_quantizer(ExpertGemm& g, float global_scale) {
-  g.quantize = nvfp4_quantizer(global_scale);
+void use_nvfp4_quantizer(ExpertGemm& g, IsaLevel level, float global_scale) {
+  g.quantize = nvfp4_quantizer(level, global_scale);
   g.quantize_segment = kNvfp4BlockSize;
 }
 
-void use_fp8_multiply_quantizer(ExpertGemm& g, float multiplier) {
-  g.quantize = fp8_multiply_quantizer(multiplier);
+void use_fp8_multiply_quantizer(ExpertGemm& g, IsaLevel level, float multiplier) {
+  g.quantize = fp8_multiply_quantizer(level, multiplier);
   g.quantize_segment = 1;
 }
 
-ActivationQuantizer fp8_multiply_quantizer(float multiplier) {
-  return [multiplier](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
-    uint8_t q[kChunk];
-    const float* table = fp8_e4m3_table();
+ActivationQuantizer fp8_multiply_quantizer(IsaLevel level, float multiplier) {
+  const ActQuantKernels* kernels = &act_quant_kernels(level);
+  return [kernels, multiplier](float* rows, int64_t m, int64_t k, int64_t ld, float* scales) {
     for (int64_t r = 0; r < m; ++r) {
-      float* row = rows + r * ld;
-      for (int64_t c = 0; c < k; c += kChunk) {
-        const int64_t n = std::min(kChunk, k - c);
-        fp8_quantize_row_mul(row + c, n, multiplier, q);
-        for (int64_t i = 0; i < n; ++i) row[c + i] = table[q[i]];
-      }
+      kernels->fp8_mul(rows + r * ld, k, multiplier);
       scales[r] = 1.0f;
     }
   };

@@ -118,21 +118,21 @@ class TokenMajorRun final : public PreparedRun {
 
 // ---------------------------------------------------------------------------------------------
 // Activation quantizers (ActivationQuantizer callbacks; one scale per row, always 1.0). The
-// arithmetic is formats' (moecore/formats/quantize.h); these only adapt it to the callback. Their
-// functors hold one float, so a std::function stores them inline, and they work in fixed stack
-// chunks: calling one never allocates.
+// arithmetic is formats' (moecore/formats/quantize.h), run by the act_quant_kernels row of
+// `level` (picked when the quantizer is made; every row gives formats' bits). Their functors hold
+// the row and one float, so a std::function stores them inline: calling one never allocates.
 
 /// NVFP4 with a fp32 global scale gs: formats' nvfp4_quantize_row (sgl-kernel's NVFP4 quant
 /// kernel, spec §7.2); the row is replaced by nvfp4_code_values_row, the exact values
 /// e2m1 · s_e4m3 (the 1/gs factor lives in alpha).
-ActivationQuantizer nvfp4_quantizer(float global_scale);
+ActivationQuantizer nvfp4_quantizer(IsaLevel level, float global_scale);
 /// FP8 E4M3 per tensor with a given multiplier (FlashInfer's fp8 input quantizer, sgl-kernel's
 /// x · (1/scale)): formats' fp8_quantize_row_mul, the row replaced by the decoded codes.
-ActivationQuantizer fp8_multiply_quantizer(float multiplier);
+ActivationQuantizer fp8_multiply_quantizer(IsaLevel level, float multiplier);
 /// g's quantizer set to one of those, with its quantize_segment (nvfp4: its 16-value blocks;
 /// fp8 multiply: elementwise).
-void use_nvfp4_quantizer(ExpertGemm& g, float global_scale);
-void use_fp8_multiply_quantizer(ExpertGemm& g, float multiplier);
+void use_nvfp4_quantizer(ExpertGemm& g, IsaLevel level, float global_scale);
+void use_fp8_multiply_quantizer(ExpertGemm& g, IsaLevel level, float multiplier);
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks ("API: expected …, got …"); all throw before anything is written.

@@ -89,6 +89,7 @@ struct QuantPlan {
   float s1 = 0.0f, s2 = 0.0f;  // static per-tensor scales
   int64_t group = 0;           // block_k of the group rule
   bool integer = false;        // int8 codes on both sides (exact int32 dots)
+  IsaLevel level = IsaLevel::kScalar;  // the quantizers' kernel row (config.kernel_level())
 };
 
 void check_bias(const Tensor& b, const char* name, int64_t e, int64_t n) {
@@ -173,6 +174,7 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
 
   ExpertMlp& mlp = plan.mlp;
   mlp.gemm = scaled_gemm_kernel(config.kernel_level());
+  plan.level = config.kernel_level();
   WeightOperand& o1 = mlp.gemm1.weight;
   WeightOperand& o2 = mlp.gemm2.weight;
   if (q.use_fp8_w8a8 && !q.block_shape.empty()) {
@@ -273,8 +275,9 @@ ExpertWeights validated_weights(const TritonMoeQuantInfo& q, const MoeRunnerConf
 
 // Installs the quantizer of a GEMM for this call; a dynamic per-tensor rule becomes the static
 // rule with the scale the batch gives (amax of the whole GEMM input / 448).
-void set_quantizer(ExpertGemm& g, ActQuant rule, float static_scale, int64_t group, bool integer) {
-  g.quantize = make_act_quantizer(rule, static_scale, group);
+void set_quantizer(ExpertGemm& g, IsaLevel level, ActQuant rule, float static_scale, int64_t group,
+                   bool integer) {
+  g.quantize = make_act_quantizer(level, rule, static_scale, group);
   g.scales_per_row = act_scales_per_row(rule, g.weight.k, group);
   g.quantize_segment = act_quant_segment(rule, group);
   g.integer_codes = integer;
@@ -307,14 +310,14 @@ void run_quantized(QuantPlan& plan, const RoutedTokens& tokens, ExpertWorkspace&
       }
     plan.s1 = fp8_dynamic_scale(amax, 0.0f);  // per_tensor_absmax: no eps
   }
-  set_quantizer(mlp.gemm1, plan.q1, plan.s1, plan.group, plan.integer);
+  set_quantizer(mlp.gemm1, plan.level, plan.q1, plan.s1, plan.group, plan.integer);
   // A segment rule quantizes GEMM2's input in GEMM1's epilogue; the dynamic per-tensor rule
   // (segment 0) reads every activation first and is set again once its scale is known.
-  set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
+  set_quantizer(mlp.gemm2, plan.level, plan.q2, plan.s2, plan.group, plan.integer);
   expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
   if (plan.q2 == ActQuant::kFp8PerTensorDynamic) {
     plan.s2 = fp8_dynamic_scale(amax_rows(expert_activations(ws), ws.rows.rows(), I, I), 0.0f);
-    set_quantizer(mlp.gemm2, plan.q2, plan.s2, plan.group, plan.integer);
+    set_quantizer(mlp.gemm2, plan.level, plan.q2, plan.s2, plan.group, plan.integer);
   }
   gemm2_phase(mlp, ws, scale_at, slots, sum);
 }
