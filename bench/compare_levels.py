@@ -3,6 +3,9 @@
     PYTHONPATH=python python3 bench/compare_levels.py qwen3-30b-a3b int8 --tokens 1 16 \
         --threads 1 2 --isa avx512 avx512_bf16
 
+`--isa amx amx_float_tiles` compares the two amx rows (the streamed default and the opt-in AMX
+float tiles; a plain level follows MOECORE_AMX_FLOAT_TILES, like any runner).
+
 Builds the layer once (the same weights and tokens as `python -m moecore bench`), then for each
 M, thread count and level prints the median of up to --repeats calls after one warm-up call.
 Levels alternate within one process, so a noisy machine affects them alike; for two builds of
@@ -27,8 +30,9 @@ def main() -> None:
     parser.add_argument("format", choices=["bf16", "fp8", "nvfp4", "mxfp4", "int8"])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1])
     parser.add_argument("--threads", type=int, nargs="+", default=[moecore.get_num_threads()])
+    levels = list(moecore.available_isa_levels())
     parser.add_argument("--isa", nargs="+", default=[moecore.detected_isa_level()],
-                        choices=list(moecore.available_isa_levels()))
+                        choices=levels + (["amx_float_tiles"] if "amx" in levels else []))
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--max-seconds", type=float, default=1.5,
                         help="fewer repeats when a call would take the timing past this")
@@ -45,8 +49,10 @@ def main() -> None:
         for threads in args.threads:
             moecore.set_num_threads(threads)
             for isa in args.isa:
-                runner = moecore.MoeRunner(
-                    layer.backend, moecore.MoeRunnerConfig(inplace=False, isa_level=isa))
+                tiles = isa == "amx_float_tiles"
+                config = moecore.MoeRunnerConfig(inplace=False, isa_level="amx" if tiles else isa,
+                                                 amx_float_tiles=True if tiles else None)
+                runner = moecore.MoeRunner(layer.backend, config)
                 start = time.perf_counter()
                 runner.run(dispatch, layer.quant_info)
                 first = time.perf_counter() - start
@@ -57,7 +63,8 @@ def main() -> None:
                     start = time.perf_counter()
                     runner.run(dispatch, layer.quant_info)
                     seconds.append(time.perf_counter() - start)
-                print(f"{args.shape} {args.format} M={m} threads={threads} {isa}: "
+                print(f"{args.shape} {args.format} M={m} threads={threads} "
+                      f"{runner.config.gemm_kernel}: "
                       f"{statistics.median(seconds) * 1e3:.3f} ms ({repeats} calls)", flush=True)
 
 

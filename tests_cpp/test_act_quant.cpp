@@ -47,20 +47,23 @@ int64_t first_difference(const float* a, const float* b, int64_t n) {
 // ---------------------------------------------------------------------------------------------
 // The scalar rules, straight from formats (codes, then their values).
 
-std::vector<float> fp8_mul_rule(const float* x, int64_t n, float inv) {
+// The E4M3 codes that `quantize_row(x, n, param, codes)` writes, as their values.
+template <typename QuantizeRow>
+std::vector<float> fp8_rule_values(const float* x, int64_t n, float param,
+                                   QuantizeRow quantize_row) {
   std::vector<uint8_t> q(static_cast<size_t>(n));
-  fp8_quantize_row_mul(x, n, inv, q.data());
+  quantize_row(x, n, param, q.data());
   std::vector<float> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) out[i] = fp8_e4m3_table()[q[i]];
   return out;
 }
 
+std::vector<float> fp8_mul_rule(const float* x, int64_t n, float inv) {
+  return fp8_rule_values(x, n, inv, fp8_quantize_row_mul);
+}
+
 std::vector<float> fp8_div_rule(const float* x, int64_t n, float s) {
-  std::vector<uint8_t> q(static_cast<size_t>(n));
-  fp8_quantize_row_div(x, n, s, q.data());
-  std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[i] = fp8_e4m3_table()[q[i]];
-  return out;
+  return fp8_rule_values(x, n, s, fp8_quantize_row_div);
 }
 
 std::vector<float> int8_rule(const float* x, int64_t n, float amax) {

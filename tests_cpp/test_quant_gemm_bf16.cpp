@@ -16,6 +16,7 @@
 #include "moecore/isa/isa.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
+#include "moecore/runner/runner.h"
 
 namespace moecore {
 namespace {
@@ -387,19 +388,22 @@ TEST(QuantGemmBf16DecodeTest, EveryFp4CodeUnderEveryScaleDecodesExactly) {
   }
 }
 
+// Restores the caller's MOECORE_AMX_FLOAT_TILES (a suite may run with the tiles on).
+struct RestoreFloatTilesVariable {
+  const char* set = std::getenv("MOECORE_AMX_FLOAT_TILES");
+  std::string value = set != nullptr ? set : "";
+  ~RestoreFloatTilesVariable() {
+    if (set != nullptr)
+      setenv("MOECORE_AMX_FLOAT_TILES", value.c_str(), 1);
+    else
+      unsetenv("MOECORE_AMX_FLOAT_TILES");
+  }
+};
+
 // MOECORE_AMX_FLOAT_TILES picks the float-tiles row at the amx level only, read at each pick; a
 // malformed value is an error, not a silent default.
 TEST(QuantGemmBf16RowTest, AmxFloatTilesVariableChoosesTheRowAtTheAmxLevelOnly) {
-  struct Restore {  // the caller's setting (a suite may run with the tiles on)
-    const char* set = std::getenv("MOECORE_AMX_FLOAT_TILES");
-    std::string value = set != nullptr ? set : "";
-    ~Restore() {
-      if (set != nullptr)
-        setenv("MOECORE_AMX_FLOAT_TILES", value.c_str(), 1);
-      else
-        unsetenv("MOECORE_AMX_FLOAT_TILES");
-    }
-  } restore;
+  const RestoreFloatTilesVariable restore;
   unsetenv("MOECORE_AMX_FLOAT_TILES");
   const ScaledGemmFn tiles = scaled_gemm_kernel(IsaLevel::kAmx, true);
   const ScaledGemmFn streamed = scaled_gemm_kernel(IsaLevel::kAmx, false);
@@ -412,6 +416,39 @@ TEST(QuantGemmBf16RowTest, AmxFloatTilesVariableChoosesTheRowAtTheAmxLevelOnly) 
   EXPECT_EQ(scaled_gemm_kernel(IsaLevel::kAmx), streamed);
   setenv("MOECORE_AMX_FLOAT_TILES", "tiles", 1);
   EXPECT_THROW(scaled_gemm_kernel(IsaLevel::kAmx), InvalidArgument);
+}
+
+// A MoeRunner fixes the choice when it is built: the config's amx_float_tiles, else the variable
+// as it was then; its backends build with that row whatever the variable says later.
+TEST(QuantGemmBf16RowTest, RunnerFixesTheFloatTilesChoiceWhenBuilt) {
+  const RestoreFloatTilesVariable restore;
+  MoeRunnerConfig config;
+  config.isa_level = current_isa_level();
+  setenv("MOECORE_AMX_FLOAT_TILES", "on", 1);
+  const MoeRunner from_variable(MoeRunnerBackend::TRITON, config, MoeA2ABackend::NONE);
+  unsetenv("MOECORE_AMX_FLOAT_TILES");
+  ASSERT_TRUE(from_variable.config().amx_float_tiles.has_value());
+  EXPECT_TRUE(*from_variable.config().amx_float_tiles);
+  EXPECT_EQ(from_variable.config().gemm_kernel(), scaled_gemm_kernel(current_isa_level(), true));
+
+  config.amx_float_tiles = false;
+  setenv("MOECORE_AMX_FLOAT_TILES", "1", 1);
+  const MoeRunner explicit_off(MoeRunnerBackend::TRITON, config, MoeA2ABackend::NONE);
+  EXPECT_EQ(explicit_off.config().gemm_kernel(), scaled_gemm_kernel(current_isa_level(), false));
+  setenv("MOECORE_AMX_FLOAT_TILES", "tiles", 1);  // malformed, but the runner no longer reads it
+  EXPECT_NO_THROW(explicit_off.config().gemm_kernel());
+  config.amx_float_tiles.reset();
+  EXPECT_THROW(MoeRunner(MoeRunnerBackend::TRITON, config, MoeA2ABackend::NONE), InvalidArgument);
+}
+
+// Each row of the build is named after its level, and the float tiles after themselves.
+TEST(QuantGemmBf16RowTest, KernelRowsAreNamedAfterTheirLevel) {
+  for (IsaLevel level : available_isa_levels())
+    EXPECT_STREQ(scaled_gemm_kernel_name(scaled_gemm_kernel(level, false)), isa_level_name(level));
+  const ScaledGemmFn tiles = scaled_gemm_kernel(IsaLevel::kAmx, true);
+  if (tiles != scaled_gemm_kernel(IsaLevel::kAmx, false))
+    EXPECT_STREQ(scaled_gemm_kernel_name(tiles), "amx_float_tiles");
+  EXPECT_THROW(scaled_gemm_kernel_name(nullptr), InternalError);
 }
 
 std::vector<std::tuple<Bf16Row, Case>> params() {

@@ -216,7 +216,7 @@ TEST(Mxfp4QuantTest, KernelLayoutIsTheDeinterleavedContractLayout) {
   expect_same_bytes(run(bare), with_layout, "kernel layout derived by the runner");
   const Tensor direct = cutlass_fused_moe_mxfp4(
       direct_args(q, d->hidden_states, std::get<StandardTopKOutput>(d->topk_output)),
-      current_isa_level());
+      scaled_gemm_kernel(current_isa_level()));
   expect_same_bytes(Tensor::copy_of(direct.view().narrow(1, 0, 96)), with_layout,
                     "direct kernel call");
 
@@ -265,8 +265,7 @@ TEST(Mxfp4QuantTest, R7LayerPathEqualsDirectKernelCall) {
   ASSERT_EQ(out.view().shape_vector(), (std::vector<int64_t>{9, 192}));
   const QuantInfoPtr q = l.method->quant_info(*l.layer);
   EXPECT_EQ(info_of(q).padded_hidden, std::optional<int64_t>(256));
-  const Tensor direct =
-      cutlass_fused_moe_mxfp4(direct_args(info_of(q), x, topk), IsaLevel::kScalar);
+  const Tensor direct = cutlass_fused_moe_mxfp4(direct_args(info_of(q), x, topk), scaled_gemm_ref);
   const Tensor trimmed = Tensor::copy_of(direct.view().narrow(1, 0, 192));
   expect_same_bytes(out, trimmed, "layer vs direct");
 }
@@ -292,7 +291,7 @@ TEST(Mxfp4QuantTest, KernelMatchesFp64ReferenceOnFormatsDecodedWeights) {
   a.w13_scale = interleave_moe_scales_for_sm90_mixed_gemm(s13.view());
   a.w2_scale = interleave_moe_scales_for_sm90_mixed_gemm(s2.view());
   a.w2_bias = b2;
-  const Tensor out = cutlass_fused_moe_mxfp4(a, current_isa_level());
+  const Tensor out = cutlass_fused_moe_mxfp4(a, scaled_gemm_kernel(current_isa_level()));
   const std::vector<float> W13 = testing::to_floats(dequantize_mxfp4(w13.view(), s13.view()));
   const std::vector<float> W2 = testing::to_floats(dequantize_mxfp4(w2.view(), s2.view()));
   // The decode path the kernel uses agrees with the formats codec bit for bit.
@@ -428,8 +427,7 @@ TEST(Mxfp4QuantTest, Dsv4ProcessSwapsHalvesAndMatchesDirectCall) {
   ASSERT_TRUE(info_of(q).swiglu_limit.defined());
   EXPECT_EQ(info_of(q).swiglu_limit.ptr<float>()[1], 10.0f);
   EXPECT_EQ(info_of(q).swiglu_beta.ptr<float>()[0], 0.0f);
-  expect_same_bytes(out,
-                    cutlass_fused_moe_mxfp4(direct_args(info_of(q), x, topk), IsaLevel::kScalar),
+  expect_same_bytes(out, cutlass_fused_moe_mxfp4(direct_args(info_of(q), x, topk), scaled_gemm_ref),
                     "dsv4 layer vs direct");
 }
 

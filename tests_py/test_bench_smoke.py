@@ -59,6 +59,7 @@ def test_rows_every_format_at_the_best_isa_level_with_checked_peers(machine):
     assert {r["format"] for r in rows} == set(bench.FORMATS)
     for r in rows:
         assert r["isa"] == moecore.detected_isa_level()
+        assert r["kernel"] == r["isa"] or (r["isa"], r["kernel"]) == ("amx", "amx_float_tiles")
         assert r["backend"] == bench.FORMATS[r["format"]][0]
         assert r["ms"] > 0 and 1 <= r["repeats"] <= 2
         assert 1 <= r["experts_touched"] <= min(8, 2 * r["tokens"])
@@ -129,8 +130,9 @@ def test_cli_markdown_and_chart(capsys, tmp_path):
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("- 1 thread: read bandwidth ") for line in lines)
     table = [line for line in lines if line.startswith("| ")]
-    assert table[0].startswith("| shape | format (backend) | M | thr | ISA | ms |")
-    assert table[2].startswith(f"| tiny | bf16 (triton) | 2 | 1 | {moecore.detected_isa_level()} |")
+    assert table[0].startswith("| shape | format (backend) | M | thr | kernel | ms |")
+    kernel = moecore.MoeRunnerConfig(isa_level=moecore.detected_isa_level()).gemm_kernel
+    assert table[2].startswith(f"| tiny | bf16 (triton) | 2 | 1 | {kernel} |")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

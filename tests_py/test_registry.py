@@ -407,6 +407,24 @@ def test_runner_keeps_a2a_backend_built_in_context():
         assert np.array_equal(runner.run(d, q).hidden_states, outside.run(d, q).hidden_states)
 
 
+def test_runner_fixes_its_gemm_kernel_when_built(monkeypatch):
+    """MOECORE_AMX_FLOAT_TILES is read once, when a runner is built (amx_float_tiles None); the
+    config names the kernel row its backends build with."""
+    assert moecore.MoeRunnerConfig().amx_float_tiles is None
+    monkeypatch.setenv("MOECORE_AMX_FLOAT_TILES", "1")
+    runner = moecore.MoeRunner("triton", moecore.MoeRunnerConfig(inplace=False))
+    monkeypatch.delenv("MOECORE_AMX_FLOAT_TILES")
+    level = runner.config.isa_level
+    assert runner.config.amx_float_tiles is True
+    assert runner.config.gemm_kernel == ("amx_float_tiles" if level == "amx" else level)
+    off = moecore.MoeRunner("triton", moecore.MoeRunnerConfig(amx_float_tiles=False))
+    assert off.config.amx_float_tiles is False and off.config.gemm_kernel == level
+    monkeypatch.setenv("MOECORE_AMX_FLOAT_TILES", "sometimes")
+    with pytest.raises(moecore.InvalidArgumentError, match="MOECORE_AMX_FLOAT_TILES"):
+        moecore.MoeRunner("triton", moecore.MoeRunnerConfig())
+    assert runner.config.gemm_kernel == ("amx_float_tiles" if level == "amx" else level)
+
+
 def test_layer_keeps_runner_backend_built_in_context():
     """A layer built under runner_backend='torch_native' keeps it when the runner is created
     after the context has exited; 'auto' layers resolve to triton."""

@@ -77,7 +77,7 @@ void bind_quant_mxfp4(py::module_& m) {
         Tensor out;
         {
           py::gil_scoped_release release;
-          out = cutlass_fused_moe_mxfp4(a, level);
+          out = cutlass_fused_moe_mxfp4(a, scaled_gemm_kernel(level));
         }
         return to_numpy(out);
       },

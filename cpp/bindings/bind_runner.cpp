@@ -48,7 +48,8 @@ std::string config_repr(const MoeRunnerConfig& c) {
 }  // namespace
 
 void bind_runner(py::module_& m) {
-  py::class_<MoeRunnerConfig>(m, "MoeRunnerConfig", "sglang's MoeRunnerConfig (moe_runner/base.py).")
+  py::class_<MoeRunnerConfig>(m, "MoeRunnerConfig",
+                              "sglang's MoeRunnerConfig (moe_runner/base.py).")
       .def(py::init([](std::optional<int64_t> num_experts, std::optional<int64_t> num_local_experts,
                        std::optional<int64_t> hidden_size,
                        std::optional<int64_t> intermediate_size_per_partition,
@@ -60,7 +61,7 @@ void bind_runner(py::module_& m) {
                        std::optional<float> gemm1_beta, std::optional<float> swiglu_limit,
                        bool gate_up_interleaved, bool force_unfused, py::object isa_level,
                        py::object custom_act_fn, std::optional<int64_t> routing_method_type,
-                       bool use_tp_all_gather_activation) {
+                       bool use_tp_all_gather_activation, std::optional<bool> amx_float_tiles) {
              if (!custom_act_fn.is_none())
                MOECORE_UNSUPPORTED("MoeRunnerConfig: custom_act_fn (a Python activation) cannot "
                                    "run inside moecore's C++ runners; use a named activation");
@@ -87,6 +88,7 @@ void bind_runner(py::module_& m) {
              c.force_unfused = force_unfused;
              c.routing_method_type = routing_method_type;
              c.use_tp_all_gather_activation = use_tp_all_gather_activation;
+             c.amx_float_tiles = amx_float_tiles;
              if (!isa_level.is_none()) {
                MOECORE_CHECK_DTYPE(py::isinstance<py::str>(isa_level),
                                    "MoeRunnerConfig: isa_level must be a string like 'avx512', got ",
@@ -105,20 +107,22 @@ void bind_runner(py::module_& m) {
            "gemm1_beta"_a = py::none(), "swiglu_limit"_a = py::none(),
            "gate_up_interleaved"_a = false, "force_unfused"_a = false, "isa_level"_a = py::none(),
            "custom_act_fn"_a = py::none(), "routing_method_type"_a = py::none(),
-           "use_tp_all_gather_activation"_a = false)
+           "use_tp_all_gather_activation"_a = false, "amx_float_tiles"_a = py::none())
       .def_readwrite("num_experts", &MoeRunnerConfig::num_experts)
       .def_readwrite("num_local_experts", &MoeRunnerConfig::num_local_experts)
       .def_readwrite("hidden_size", &MoeRunnerConfig::hidden_size)
-      .def_readwrite("intermediate_size_per_partition", &MoeRunnerConfig::intermediate_size_per_partition)
+      .def_readwrite("intermediate_size_per_partition",
+                     &MoeRunnerConfig::intermediate_size_per_partition)
       .def_readwrite("layer_id", &MoeRunnerConfig::layer_id)
       .def_readwrite("top_k", &MoeRunnerConfig::top_k)
       .def_readwrite("num_fused_shared_experts", &MoeRunnerConfig::num_fused_shared_experts)
-      .def_property("params_dtype",
-                    [](const MoeRunnerConfig& c) -> py::object {
-                      if (!c.params_dtype) return py::none();
-                      return py::str(dtype_name(*c.params_dtype));
-                    },
-                    [](MoeRunnerConfig& c, py::object d) { c.params_dtype = to_dtype(d); })
+      .def_property(
+          "params_dtype",
+          [](const MoeRunnerConfig& c) -> py::object {
+            if (!c.params_dtype) return py::none();
+            return py::str(dtype_name(*c.params_dtype));
+          },
+          [](MoeRunnerConfig& c, py::object d) { c.params_dtype = to_dtype(d); })
       .def_readwrite("activation", &MoeRunnerConfig::activation)
       .def_readwrite("is_gated", &MoeRunnerConfig::is_gated)
       .def_readwrite("apply_router_weight_on_input", &MoeRunnerConfig::apply_router_weight_on_input)
@@ -133,11 +137,21 @@ void bind_runner(py::module_& m) {
       .def_readwrite("force_unfused", &MoeRunnerConfig::force_unfused)
       .def_readwrite("routing_method_type", &MoeRunnerConfig::routing_method_type)
       .def_readwrite("use_tp_all_gather_activation", &MoeRunnerConfig::use_tp_all_gather_activation)
+      .def_readwrite("amx_float_tiles", &MoeRunnerConfig::amx_float_tiles,
+                     "moecore: AMX tiles for bf16-exact float operands at the amx level (None: "
+                     "MOECORE_AMX_FLOAT_TILES, resolved when a MoeRunner is built)")
+      .def_property_readonly(
+          "gemm_kernel",
+          [](const MoeRunnerConfig& c) {
+            return std::string(scaled_gemm_kernel_name(c.gemm_kernel()));
+          },
+          "moecore: the scaled-GEMM kernel row backends build with under this config")
       .def_property_readonly("custom_act_fn", [](const MoeRunnerConfig&) { return py::none(); })
-      .def_property_readonly("isa_level", [](const MoeRunnerConfig& c) -> py::object {
-        if (!c.isa_level) return py::none();
-        return py::str(isa_level_name(*c.isa_level));
-      })
+      .def_property_readonly("isa_level",
+                             [](const MoeRunnerConfig& c) -> py::object {
+                               if (!c.isa_level) return py::none();
+                               return py::str(isa_level_name(*c.isa_level));
+                             })
       .def("__repr__", &config_repr);
 
   py::class_<MoeRunner, std::shared_ptr<MoeRunner>>(

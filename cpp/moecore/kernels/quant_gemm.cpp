@@ -209,6 +209,25 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
   return scaled_gemm_kernel(level, env_flag("MOECORE_AMX_FLOAT_TILES", false));
 }
 
+const char* scaled_gemm_kernel_name(ScaledGemmFn kernel) {
+#ifdef MOECORE_COMPILED_AMX
+  if (kernel == scaled_gemm_amx) return "amx";
+  if (kernel == scaled_gemm_amx_tiles) return "amx_float_tiles";
+#endif
+#ifdef MOECORE_COMPILED_AVX512BF16
+  if (kernel == scaled_gemm_avx512_bf16) return "avx512_bf16";
+#endif
+#ifdef MOECORE_COMPILED_AVX512
+  if (kernel == scaled_gemm_avx512) return "avx512";
+#endif
+#ifdef MOECORE_COMPILED_AVX2
+  if (kernel == scaled_gemm_avx2) return "avx2";
+#endif
+  MOECORE_INTERNAL_CHECK(kernel == scaled_gemm_ref,
+                         "scaled_gemm_kernel_name: not a kernel row of this build");
+  return "scalar";
+}
+
 size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w) {
 #ifdef MOECORE_COMPILED_AMX
   if (kernel == scaled_gemm_amx) return scaled_gemm_amx_scratch_bytes(w);

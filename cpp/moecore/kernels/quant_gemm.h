@@ -166,9 +166,13 @@ using ScaledGemmFn = void (*)(const ActivationCodes& a, int64_t m, const WeightO
 /// AMX tiles (scaled_gemm_amx_tiles) when `amx_float_tiles`, else as at avx512_bf16.
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles);
 /// The same with amx_float_tiles from MOECORE_AMX_FLOAT_TILES (default off: the tiles make
-/// prefill 2.4–3.4× faster but decode slower; README, Kernels), read at each call, so a runner
-/// keeps what it picked when it was built.
+/// prefill 2.4–3.4× faster but decode slower; README, Kernels), read at each call. Runners build
+/// with MoeRunnerConfig::gemm_kernel(), which a MoeRunner fixes when it is built.
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
+
+/// The name of row `kernel` (a row of this build): its ISA level's name ("scalar" … "amx"), or
+/// "amx_float_tiles".
+const char* scaled_gemm_kernel_name(ScaledGemmFn kernel);
 
 /// The GemmScratch bytes that row `kernel` (a row of this build, e.g. from scaled_gemm_kernel)
 /// needs for any call on weights `w`, whatever m and the activation flags: rows process

@@ -10,6 +10,7 @@
 #include "moecore/core/enums.h"
 #include "moecore/isa/isa.h"
 #include "moecore/kernels/activation.h"
+#include "moecore/kernels/quant_gemm.h"
 
 namespace moecore {
 
@@ -41,10 +42,20 @@ struct MoeRunnerConfig {
   /// moecore: the kernel level, fixed when a MoeRunner is built (nullopt there means the
   /// current level); backends pick their kernel table row from it, never per call.
   std::optional<IsaLevel> isa_level;
+  /// moecore: at the amx level, multiply bf16-exact float operands in AMX tiles
+  /// (scaled_gemm_amx_tiles; README, Kernels). Fixed when a MoeRunner is built, like isa_level:
+  /// nullopt there means MOECORE_AMX_FLOAT_TILES (default off).
+  std::optional<bool> amx_float_tiles;
 
   /// The level backends build at: isa_level, or the current level for a config that a fused
   /// func or runner core receives directly, without a MoeRunner.
   IsaLevel kernel_level() const { return isa_level.value_or(current_isa_level()); }
+  /// The scaled-GEMM row backends build with: kernel_level()'s row, with the AMX float tiles when
+  /// amx_float_tiles (nullopt: MOECORE_AMX_FLOAT_TILES, read now).
+  ScaledGemmFn gemm_kernel() const {
+    return amx_float_tiles ? scaled_gemm_kernel(kernel_level(), *amx_float_tiles)
+                           : scaled_gemm_kernel(kernel_level());
+  }
 };
 
 /// Validates the activation fields and returns the epilogue they describe (rule R15):

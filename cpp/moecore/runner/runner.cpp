@@ -56,6 +56,8 @@ MoeRunner::MoeRunner(MoeRunnerBackend runner_backend, MoeRunnerConfig config,
   } else {
     config_.isa_level = current_isa_level();
   }
+  if (!config_.amx_float_tiles)
+    config_.amx_float_tiles = env_flag("MOECORE_AMX_FLOAT_TILES", false);
 
   std::optional<CoreFactory> factory = find_runner_core(runner_backend_);
   std::optional<FusedFunc> fused = find_fused_func(a2a_backend_, runner_backend_);

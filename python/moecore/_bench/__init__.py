@@ -213,7 +213,8 @@ def _row(config, machine, torch, layer, runner, inputs, threads, x, weights, ids
     out = to_f32(call())  # warm-up, and the result the peers are checked against
     first = time.perf_counter() - start
     row = {"shape": shape.name, "format": layer.fmt, "backend": layer.backend,
-           "tokens": int(x.shape[0]), "threads": threads, "isa": runner.config.isa_level}
+           "tokens": int(x.shape[0]), "threads": threads, "isa": runner.config.isa_level,
+           "kernel": runner.config.gemm_kernel}
     # Check every peer before anything is timed.
     peer_calls = _peer_calls(torch, inputs, config.peers, x, weights, ids, grouped_ok)
     checked = {}

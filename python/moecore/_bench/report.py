@@ -20,7 +20,7 @@ def machine_lines(machine: dict, header: dict) -> list:
 
 
 def markdown_header(peers: list) -> str:
-    cols = ["shape", "format (backend)", "M", "thr", "ISA", "ms", "GB/s", "% BW", "GFLOP/s",
+    cols = ["shape", "format (backend)", "M", "thr", "kernel", "ms", "GB/s", "% BW", "GFLOP/s",
             "% peak", "% bound"] + [f"{PEER_LABELS[p]} ms (×)" for p in peers]
     align = ["---"] * 5 + ["---:"] * (len(cols) - 5)
     return "| " + " | ".join(cols) + " |\n| " + " | ".join(align) + " |"
@@ -28,7 +28,7 @@ def markdown_header(peers: list) -> str:
 
 def markdown_row(row: dict, peers: list) -> str:
     cells = [row["shape"], f"{row['format']} ({row['backend']})", str(row["tokens"]),
-             str(row["threads"]), row["isa"], f"{row['ms']:.3f}", f"{row['gb_per_s']:.1f}",
+             str(row["threads"]), row["kernel"], f"{row['ms']:.3f}", f"{row['gb_per_s']:.1f}",
              f"{row['pct_bandwidth']:.0f}", f"{row['gflop_per_s']:.1f}", f"{row['pct_peak']:.1f}",
              f"{row['pct_bound']:.0f}"]
     for p in peers:

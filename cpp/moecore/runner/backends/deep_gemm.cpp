@@ -275,7 +275,7 @@ struct DeepGemmMlp {
 DeepGemmMlp make_mlp(const MoeRunnerConfig& config, const DeepGemmMoeQuantInfo& info) {
   DeepGemmMlp mlp;
   mlp.spec = check_config(config);
-  mlp.gemm = scaled_gemm_kernel(config.kernel_level());
+  mlp.gemm = config.gemm_kernel();
   mlp.w = check_weights(info);
   return mlp;
 }
@@ -686,9 +686,7 @@ Tensor contiguous_core(const DeepGemmMlp& mlp, const Tensor& x, const Tensor& s,
 class DeepGemmRunnerCore : public RunnerCore {
  public:
   explicit DeepGemmRunnerCore(const MoeRunnerConfig& config)
-      : RunnerCore(config),
-        spec_(check_config(config)),
-        gemm_(scaled_gemm_kernel(config.kernel_level())) {}
+      : RunnerCore(config), spec_(check_config(config)), gemm_(config.gemm_kernel()) {}
 
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::DEEP_GEMM; }
 

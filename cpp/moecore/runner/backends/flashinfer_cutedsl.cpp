@@ -120,7 +120,7 @@ ExpertMlp cutedsl_mlp(const CuteDslFp4MoeQuantInfo& q, const Fp4Shapes& s, const
   mlp.activation.layout = layout;
   mlp.activation.interleave_group = kInterleaveGroup;
   mlp.act_dtype = DType::kBF16;
-  mlp.gemm = scaled_gemm_kernel(config.kernel_level());
+  mlp.gemm = config.gemm_kernel();
   mlp.hidden = s.h;
   mlp.inter = s.inter;
   return mlp;

@@ -160,7 +160,7 @@ void resolve_quant_type(const FlashInferCutlassMoeQuantInfo& q, const Activation
   ExpertMlp& mlp = p.mlp;
   mlp.activation = spec;
   mlp.activation.layout = gated ? GateUpLayout::kUpGate : GateUpLayout::kGateUp;
-  mlp.gemm = scaled_gemm_kernel(config.kernel_level());
+  mlp.gemm = config.gemm_kernel();
 
   if (q.quant_type == "bf16") {
     MOECORE_CHECK(q.quant_scales.empty(), kApi, ": quant_type 'bf16' takes no quant_scales, got ",

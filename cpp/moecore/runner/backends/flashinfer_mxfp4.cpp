@@ -147,7 +147,7 @@ int64_t raw_id(const TensorView& ids, int64_t t, int64_t j) {
 
 TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
 
-Mxfp4Moe check_moe(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
+Mxfp4Moe check_moe(const Mxfp4CutlassMoeArgs& a, ScaledGemmFn gemm) {
   MOECORE_CHECK(a.w13.defined() && a.w2.defined(), kApi,
                 ": fc1_expert_weights and fc2_expert_weights are required");
   MOECORE_CHECK(a.w13.ndim() == 3 && a.w2.ndim() == 3, kApi,
@@ -191,7 +191,7 @@ Mxfp4Moe check_moe(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
   m.swiglu_alpha = view_or_none(a.swiglu_alpha);
   m.swiglu_beta = view_or_none(a.swiglu_beta);
   m.swiglu_limit = view_or_none(a.swiglu_limit);
-  m.gemm = scaled_gemm_kernel(level);
+  m.gemm = gemm;
   return m;
 }
 
@@ -550,8 +550,8 @@ Tensor dequantize_sm90_mxfp4(const TensorView& weight, const TensorView& folded_
   return out;
 }
 
-Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& a, IsaLevel level) {
-  Mxfp4Moe m = check_moe(a, level);
+Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& a, ScaledGemmFn gemm) {
+  Mxfp4Moe m = check_moe(a, gemm);
   const Mxfp4Tokens in = check_tokens(m, a);
   Tensor out = Tensor::empty({in.tokens, m.k}, DType::kBF16);
   if (in.tokens == 0) return out;
@@ -666,7 +666,7 @@ class Mxfp4FusedRun : public PreparedRun {
     } else {
       args.input = x_;
     }
-    moe_ = check_moe(args, config.kernel_level());
+    moe_ = check_moe(args, config.gemm_kernel());
     tokens_ = check_tokens(moe_, args);
     const bool given_layout = has_kernel_layout(q.kernel_layout);
     if (given_layout) check_kernel_layout(moe_, q.kernel_layout);  // part of the payload (R9 too)

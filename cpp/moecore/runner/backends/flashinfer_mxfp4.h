@@ -9,6 +9,7 @@
 
 #include "moecore/core/tensor.h"
 #include "moecore/isa/isa.h"
+#include "moecore/kernels/quant_gemm.h"
 
 namespace moecore {
 
@@ -40,9 +41,9 @@ struct Mxfp4CutlassMoeArgs {
 /// Validates every argument (before any work), then computes the MoE per the contract and
 /// returns a new bf16 [T, K] tensor. Ids outside this EP rank's [ep_rank·E, (ep_rank+1)·E) and
 /// −1 contribute nothing. T = 0 returns [0, K] without decoding any weight. E8M0 0xFF (NaN) in
-/// a scale the call reads → InvalidArgument. `level` picks the GEMM kernel row (results are
-/// identical at every level).
-Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& args, IsaLevel level);
+/// a scale the call reads → InvalidArgument. `gemm`: the scaled-GEMM row it runs (a row of
+/// scaled_gemm_kernel).
+Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& args, ScaledGemmFn gemm);
 
 /// The backend's own decode of SM90-interleaved MXFP4 weights: packed [E, R, C/2] (u8 or
 /// fp4_e2m1x2, R % 64 == 0, C % 128 == 0) with folded scales [E, R/64, C/128, 16, 16] →

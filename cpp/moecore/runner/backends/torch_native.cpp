@@ -84,7 +84,7 @@ class TorchNativeRunnerCore : public RunnerCore {
   TorchNativeRunnerCore(const MoeRunnerConfig& config, std::shared_ptr<ExpertWorkspace> workspace)
       : RunnerCore(config),
         spec_(activation_spec(config, "MoeRunner(torch_native)")),
-        gemm_(scaled_gemm_kernel(config.kernel_level())),
+        gemm_(config.gemm_kernel()),
         workspace_(std::move(workspace)) {
     if (config.apply_router_weight_on_input)
       MOECORE_UNSUPPORTED("MoeRunner(torch_native): apply_router_weight_on_input is not "
@@ -178,7 +178,7 @@ class TorchNativePreparedRun : public PreparedRun {
     const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
     ActivationSpec spec = activation_spec(config, kApi);
     spec.round_before_mul = true;
-    mlp_ = dense_expert_mlp(weights_, spec, scaled_gemm_kernel(config.kernel_level()));
+    mlp_ = dense_expert_mlp(weights_, spec, config.gemm_kernel());
     // no_combine returns the per-slot rows; otherwise the top-k sum reads GEMM2's rows and no
     // per-slot rows exist.
     result_ = config.no_combine

@@ -173,7 +173,7 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
   const int64_t E = w.num_experts;
 
   ExpertMlp& mlp = plan.mlp;
-  mlp.gemm = scaled_gemm_kernel(config.kernel_level());
+  mlp.gemm = config.gemm_kernel();
   plan.level = config.kernel_level();
   WeightOperand& o1 = mlp.gemm1.weight;
   WeightOperand& o2 = mlp.gemm2.weight;
@@ -362,7 +362,7 @@ class TritonRunnerCore : public RunnerCore {
   TritonRunnerCore(const MoeRunnerConfig& config, std::shared_ptr<ExpertWorkspace> workspace)
       : RunnerCore(config),
         spec_(activation_spec(config, "MoeRunner(triton)")),
-        gemm_(scaled_gemm_kernel(config.kernel_level())),
+        gemm_(config.gemm_kernel()),
         workspace_(std::move(workspace)) {}
 
   MoeRunnerBackend runner_backend() const override { return MoeRunnerBackend::TRITON; }
@@ -474,8 +474,7 @@ class TritonPreparedRun : public PreparedRun {
       weights_ = plan_->shape;
     } else {
       weights_ = validated_weights(info, config, x_);
-      mlp_ = dense_expert_mlp(weights_, activation_spec(config, kApi),
-                              scaled_gemm_kernel(config.kernel_level()));
+      mlp_ = dense_expert_mlp(weights_, activation_spec(config, kApi), config.gemm_kernel());
     }
     const RoutedTokens tokens = check_routed_tokens(kApi, x_, topk_, weights_);
     MOECORE_CHECK(!config.apply_router_weight_on_input || tokens.top_k == 1,
