@@ -186,23 +186,50 @@ uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes) {
   return scratch.bytes.data();
 }
 
-// Rows are named explicitly (a missing ISA file is a link error, not a silent gap).
-ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles) {
+namespace {
+
+// The rows of this build, best first, each with the level it needs, its name and its working
+// memory. Rows are named explicitly (a missing ISA file is a link error, not a silent gap); a new
+// row is one line here.
+struct KernelRow {
+  ScaledGemmFn run;
+  IsaLevel level;
+  const char* name;
+  size_t (*scratch_bytes)(const WeightOperand& w);
+  bool amx_float_tiles = false;  // taken only when asked for
+};
+
+constexpr KernelRow kKernelRows[] = {
 #ifdef MOECORE_COMPILED_AMX
-  if (level >= IsaLevel::kAmx) return amx_float_tiles ? scaled_gemm_amx_tiles : scaled_gemm_amx;
-#else
-  (void)amx_float_tiles;
+    {scaled_gemm_amx_tiles, IsaLevel::kAmx, "amx_float_tiles", scaled_gemm_amx_tiles_scratch_bytes,
+     true},
+    {scaled_gemm_amx, IsaLevel::kAmx, "amx", scaled_gemm_amx_scratch_bytes},
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
-  if (level >= IsaLevel::kAvx512Bf16) return scaled_gemm_avx512_bf16;
+    {scaled_gemm_avx512_bf16, IsaLevel::kAvx512Bf16, "avx512_bf16",
+     scaled_gemm_avx512_bf16_scratch_bytes},
 #endif
 #ifdef MOECORE_COMPILED_AVX512
-  if (level >= IsaLevel::kAvx512) return scaled_gemm_avx512;
+    {scaled_gemm_avx512, IsaLevel::kAvx512, "avx512", scaled_gemm_avx512_scratch_bytes},
 #endif
 #ifdef MOECORE_COMPILED_AVX2
-  if (level >= IsaLevel::kAvx2) return scaled_gemm_avx2;
+    {scaled_gemm_avx2, IsaLevel::kAvx2, "avx2", scaled_gemm_avx2_scratch_bytes},
 #endif
-  return scaled_gemm_ref;
+    {scaled_gemm_ref, IsaLevel::kScalar, "scalar", scaled_gemm_ref_scratch_bytes},
+};
+
+const KernelRow& kernel_row(ScaledGemmFn kernel, const char* api) {
+  for (const KernelRow& row : kKernelRows)
+    if (row.run == kernel) return row;
+  MOECORE_THROW(InternalError, api, ": not a kernel row of this build");
+}
+
+}  // namespace
+
+ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles) {
+  for (const KernelRow& row : kKernelRows)
+    if (row.level <= level && (amx_float_tiles || !row.amx_float_tiles)) return row.run;
+  return scaled_gemm_ref;  // (the last row: never reached)
 }
 
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
@@ -210,41 +237,11 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
 }
 
 const char* scaled_gemm_kernel_name(ScaledGemmFn kernel) {
-#ifdef MOECORE_COMPILED_AMX
-  if (kernel == scaled_gemm_amx) return "amx";
-  if (kernel == scaled_gemm_amx_tiles) return "amx_float_tiles";
-#endif
-#ifdef MOECORE_COMPILED_AVX512BF16
-  if (kernel == scaled_gemm_avx512_bf16) return "avx512_bf16";
-#endif
-#ifdef MOECORE_COMPILED_AVX512
-  if (kernel == scaled_gemm_avx512) return "avx512";
-#endif
-#ifdef MOECORE_COMPILED_AVX2
-  if (kernel == scaled_gemm_avx2) return "avx2";
-#endif
-  MOECORE_INTERNAL_CHECK(kernel == scaled_gemm_ref,
-                         "scaled_gemm_kernel_name: not a kernel row of this build");
-  return "scalar";
+  return kernel_row(kernel, "scaled_gemm_kernel_name").name;
 }
 
 size_t gemm_scratch_bytes(ScaledGemmFn kernel, const WeightOperand& w) {
-#ifdef MOECORE_COMPILED_AMX
-  if (kernel == scaled_gemm_amx) return scaled_gemm_amx_scratch_bytes(w);
-  if (kernel == scaled_gemm_amx_tiles) return scaled_gemm_amx_tiles_scratch_bytes(w);
-#endif
-#ifdef MOECORE_COMPILED_AVX512BF16
-  if (kernel == scaled_gemm_avx512_bf16) return scaled_gemm_avx512_bf16_scratch_bytes(w);
-#endif
-#ifdef MOECORE_COMPILED_AVX512
-  if (kernel == scaled_gemm_avx512) return scaled_gemm_avx512_scratch_bytes(w);
-#endif
-#ifdef MOECORE_COMPILED_AVX2
-  if (kernel == scaled_gemm_avx2) return scaled_gemm_avx2_scratch_bytes(w);
-#endif
-  MOECORE_INTERNAL_CHECK(kernel == scaled_gemm_ref,
-                         "gemm_scratch_bytes: not a kernel row of this build");
-  return scaled_gemm_ref_scratch_bytes(w);
+  return kernel_row(kernel, "gemm_scratch_bytes").scratch_bytes(w);
 }
 
 }  // namespace moecore
