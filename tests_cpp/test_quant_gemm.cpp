@@ -213,11 +213,12 @@ std::vector<std::tuple<IsaLevel, Mode>> params() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmTest, ::testing::ValuesIn(params()),
-                         [](const auto& info) {
-                           return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
-                                  mode_name(std::get<1>(info.param));
-                         });
+std::string param_name(const ::testing::TestParamInfo<std::tuple<IsaLevel, Mode>>& info) {
+  return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
+         mode_name(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmTest, ::testing::ValuesIn(params()), param_name);
 
 // Rows read through ActivationCodes::row_index (the k slots of a token share its stored row) give
 // the bits of the same rows copied out in call order, at every level this machine has, for every
@@ -384,11 +385,7 @@ TEST_P(QuantGemmTailTest, KTailsAtEveryRowCountBitwiseEqualToScalar) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmTailTest, ::testing::ValuesIn(params()),
-                         [](const auto& info) {
-                           return std::string(isa_level_name(std::get<0>(info.param))) + "_" +
-                                  mode_name(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Levels, QuantGemmTailTest, ::testing::ValuesIn(params()), param_name);
 
 // NaN codes in whole 64-code lines (which the avx2 row checks before skipping its NaN fix), in
 // whole steps and in K tails, at every tile shape (M = 1, 2, 5).

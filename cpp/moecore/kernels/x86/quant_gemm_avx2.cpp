@@ -19,11 +19,10 @@
 #include "moecore/core/error.h"
 #include "moecore/formats/fp4.h"
 #include "moecore/kernels/quant_gemm.h"
+#include "moecore/kernels/x86/row_common.h"
 
 namespace moecore {
 namespace {
-
-constexpr int kMaxChannels = 4;
 
 // Activation rows widened to int16 at a time by int8 × int8 calls (as in the avx512 row).
 constexpr int64_t kIntRowChunk = 64;
@@ -94,19 +93,19 @@ inline __m256 e4m3_half(__m256i f16) {
 // after the other, so that a tile's C raw steps, not 2·C fp32 vectors, wait in registers).
 // Element i starts at byte i · kHalfBytes / 2 of row[c].
 
-template <DType kDtype>
-struct DenseStream {
-  static constexpr int kHalfBytes = kDtype == DType::kF32 ? 8 : 4;
-  const uint8_t* row[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
-  }
+// Streams whose raw step is its bytes, widened by half().
+struct RawBytesStream : StreamRows<uint8_t> {
   static constexpr bool kNanCodes = false;
   using Raw = const uint8_t*;
   template <bool>
   Raw fetch(int, const uint8_t* src, int64_t) const {
     return src;
   }
+};
+
+template <DType kDtype>
+struct DenseStream : RawBytesStream {
+  static constexpr int kHalfBytes = kDtype == DType::kF32 ? 8 : 4;
   template <int kHalf>
   __m256 half(Raw src) const {
     src += kHalf * 8 * kHalfBytes / 2;
@@ -118,13 +117,9 @@ struct DenseStream {
   }
 };
 
-struct Fp8Stream {
+struct Fp8Stream : StreamRows<uint8_t> {
   static constexpr int kHalfBytes = 2;
   static constexpr bool kNanCodes = true;
-  const uint8_t* row[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
-  }
   using Raw = __m256i;
   template <bool kNan>
   Raw fetch(int, const uint8_t* src, int64_t) const {
@@ -137,18 +132,8 @@ struct Fp8Stream {
 };
 
 // int8 codes against activations that are not integer codes: fp32 products like the reference.
-struct Int8AsFloatStream {
+struct Int8AsFloatStream : RawBytesStream {
   static constexpr int kHalfBytes = 2;
-  const uint8_t* row[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
-  }
-  static constexpr bool kNanCodes = false;
-  using Raw = const uint8_t*;
-  template <bool>
-  Raw fetch(int, const uint8_t* src, int64_t) const {
-    return src;
-  }
   template <int kHalf>
   __m256 half(Raw src) const {
     return _mm256_cvtepi32_ps(
@@ -156,20 +141,13 @@ struct Int8AsFloatStream {
   }
 };
 
-// Packed e2m1 (element 2j in the low nibble of byte j) with one scale code per kGroup elements
-// (K is a multiple of kGroup, so no step has a tail; a step lies in one group). Weights come from
+// fp4 rows (x86/row_common.h; K is a multiple of kGroup, so no step has a tail and a step lies
+// in one group). Weights come from
 // their scale code's row of fp4_tables (quant_gemm.h): entries 0–7 are the positive codes and
 // 8–15 the negative ones, so 8 weights are two 8-entry permutes and a blend on the sign bit.
 template <int kGroup>
-struct Fp4Stream {
-  static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
+struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
-  const uint8_t* row[kMaxChannels] = {};
-  const uint8_t* scale_codes[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
-    scale_codes[c] = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
-  }
   struct Raw {
     const uint8_t* src;  // 8 bytes: 16 nibbles
     const float* table;  // the 16 values of the step's scale code
@@ -177,7 +155,7 @@ struct Fp4Stream {
   static constexpr bool kNanCodes = false;
   template <bool>
   Raw fetch(int c, const uint8_t* src, int64_t i) const {
-    return {src, tables.values[scale_codes[c][static_cast<uint64_t>(i) / kGroup]]};
+    return {src, tables.values[this->scale_code(c, i)]};
   }
   template <int kHalf>
   __m256 half(const Raw& raw) const {
@@ -399,18 +377,6 @@ struct IntDots {
   }
 };
 
-// One call's operands.
-struct Call {
-  const ActivationCodes& a;
-  int64_t m;
-  const WeightOperand& w;
-  int64_t e, n0, n;
-  float* out;
-  int64_t ldo;
-  int64_t nb, kb;
-  float* w_scales;  // Buffers::w_scales
-};
-
 // R rows from r0 × C channels from c0 (nc of them real), in the canonical order: per K block the
 // dot, then · sa[r, b] · sw[c, b], added in block order, then · alpha.
 template <int R, int C, class Dots>
@@ -501,12 +467,8 @@ void run_int8_codes(const Call& call, int16_t* a16) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(a16 + r * ld + i), packed);
       }
     }
-    const ActivationCodes chunk = activation_rows_from(call.a, r0);
-    const Call part{
-        chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
-        call.ldo, call.nb, call.kb, call.w_scales};
     IntDots dots{Int8AsFloatStream{}, a16, ld};
-    walk_tiles(part, dots);
+    walk_tiles(call.rows_from(r0, rows), dots);
   }
 }
 
@@ -525,29 +487,9 @@ void scaled_gemm_avx2(const ActivationCodes& a, int64_t m, const WeightOperand& 
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx2_scratch_bytes(w)));
   const Buffers buffers(carver, w);
   const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
-  switch (w.coding) {
-    case WeightCoding::kDense:
-      switch (w.data.dtype) {
-        case DType::kBF16:
-          return run_float(call, DenseStream<DType::kBF16>{});
-        case DType::kF16:
-          return run_float(call, DenseStream<DType::kF16>{});
-        default:
-          return run_float(call, DenseStream<DType::kF32>{});
-      }
-    case WeightCoding::kFp8:
-      return run_float(call, Fp8Stream{});
-    case WeightCoding::kInt8:
-      if (!a.integer) return run_float(call, Int8AsFloatStream{});
-      return run_int8_codes(call, buffers.a16);
-    case WeightCoding::kNvfp4:
-    case WeightCoding::kMxfp4:
-      MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
-                             ") must be a multiple of its scale group");
-      if (w.coding == WeightCoding::kNvfp4) return run_float(call, Fp4Stream<16>{});
-      return run_float(call, Fp4Stream<32>{});
-  }
-  MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
+  if (w.coding == WeightCoding::kInt8 && a.integer) return run_int8_codes(call, buffers.a16);
+  run_with_weight_stream<DenseStream, Fp8Stream, Int8AsFloatStream, Fp4Stream>(
+      w, [&](auto stream) { run_float(call, stream); });
 }
 
 }  // namespace moecore

@@ -126,12 +126,8 @@ void run_int8_codes(const Call& call, int16_t* a16) {
       }
     }
     std::memset(a16 + rows * ld, 0, 32 * sizeof(int16_t));
-    const ActivationCodes chunk = activation_rows_from(call.a, r0);
-    const Call part{
-        chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
-        call.ldo, call.nb, call.kb, call.w_scales};
     IntDots dots{Int8AsFloatStream{}, a16, ld};
-    walk_tiles(part, dots);
+    walk_tiles(call.rows_from(r0, rows), dots);
   }
 }
 
@@ -150,26 +146,9 @@ void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_scratch_bytes(w)));
   const Buffers buffers(carver, w);
   const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
-  switch (w.coding) {
-    case WeightCoding::kDense:
-      switch (w.data.dtype) {
-        case DType::kBF16: return run_float(call, DenseStream<DType::kBF16>{});
-        case DType::kF16: return run_float(call, DenseStream<DType::kF16>{});
-        default: return run_float(call, DenseStream<DType::kF32>{});
-      }
-    case WeightCoding::kFp8:
-      return run_float(call, Fp8Stream{});
-    case WeightCoding::kInt8:
-      if (!a.integer) return run_float(call, Int8AsFloatStream{});
-      return run_int8_codes(call, buffers.a16);
-    case WeightCoding::kNvfp4:
-    case WeightCoding::kMxfp4:
-      MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
-                             ") must be a multiple of its scale group");
-      if (w.coding == WeightCoding::kNvfp4) return run_float(call, Fp4Stream<16>{});
-      return run_float(call, Fp4Stream<32>{});
-  }
-  MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
+  if (w.coding == WeightCoding::kInt8 && a.integer) return run_int8_codes(call, buffers.a16);
+  run_with_weight_stream<DenseStream, Fp8Stream, Int8AsFloatStream, Fp4Stream>(
+      w, [&](auto stream) { run_float(call, stream); });
 }
 
 }  // namespace moecore

@@ -143,12 +143,9 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
                   const StreamBuffers& buffers) {
   for (int64_t r0 = 0; r0 < call.m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, call.m - r0);
-    const ActivationCodes chunk = activation_rows_from(call.a, r0);
+    const Call part = call.rows_from(r0, rows);
     for (int64_t r = 0; r < rows; ++r)
-      pack_codes_row(chunk.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_bytes());
-    const Call part{
-        chunk,    rows,    call.w,  call.e,       call.n0, call.n, call.out + r0 * call.ldo,
-        call.ldo, call.nb, call.kb, call.w_scales};
+      pack_codes_row(part.a.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_bytes());
     if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
       walk_decoded(part, stream, pk, buffers);
     } else {

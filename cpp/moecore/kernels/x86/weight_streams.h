@@ -16,11 +16,10 @@
 #include "moecore/core/error.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/kernels/x86/avx512_lanes.h"
+#include "moecore/kernels/x86/row_common.h"
 
 namespace moecore {
 namespace {
-
-constexpr int kMaxChannels = 4;
 
 // 16 e4m3fn codes → fp32, exact. The code shifted into a fp16 bit pattern (S.0EEEE.MMM0000000) is
 // its value · 2^-8, subnormals included, so cvtph then × 2^8 (exact). The NaN codes S.1111.111
@@ -41,55 +40,32 @@ inline __m512 decode_e4m3x16(const uint8_t* codes, __mmask16 mask) {
 // channel c starts at byte i · kHalfBytes / 2 of row(c).
 
 template <DType kDtype>
-struct DenseStream {
+struct DenseStream : StreamRows<void> {
   static constexpr int kHalfBytes = kDtype == DType::kF32 ? 8 : 4;
-  const void* row[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) { row[c] = w.data.at({e, r, 0}); }
   __m512 load(int c, int64_t i, __mmask16 mask) const {
     return avx512::load_dense16(row[c], kDtype, i, mask);
   }
 };
 
-struct Fp8Stream {
+struct Fp8Stream : StreamRows<uint8_t> {
   static constexpr int kHalfBytes = 2;
-  const uint8_t* row[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
-  }
   __m512 load(int c, int64_t i, __mmask16 mask) const { return decode_e4m3x16(row[c] + i, mask); }
 };
 
 // int8 codes against activations that are not integer codes: fp32 products like the reference.
-struct Int8AsFloatStream {
+struct Int8AsFloatStream : StreamRows<int8_t> {
   static constexpr int kHalfBytes = 2;
-  const int8_t* row[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const int8_t*>(w.data.at({e, r, 0}));
-  }
   __m512 load(int c, int64_t i, __mmask16 mask) const {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row[c] + i)));
   }
 };
 
-// Packed e2m1 (element 2j in the low nibble of byte j) with one scale code per kGroup elements
-// (K is a multiple of kGroup). Each 16 weights are a permute of their block's table.
+// fp4 rows (x86/row_common.h): each 16 weights are a permute of their block's table.
 template <int kGroup>
-struct Fp4Stream {
-  static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
+struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
-  const uint8_t* row[kMaxChannels] = {};
-  const uint8_t* scale_codes[kMaxChannels] = {};
-  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const uint8_t*>(w.data.at({e, r, 0}));
-    scale_codes[c] = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
-    // The scale rows are a stream of their own, read in short bursts: fetch the row that channel c
-    // binds in the next tile (kMaxChannels rows on; weights prefetch in the dots).
-    const uint8_t* next = scale_codes[c] + kMaxChannels * w.scale.strides[1];
-    for (int64_t b = 0; b < w.k / kGroup; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
-  }
-  /// The scale code of channel c's element k.
-  uint8_t scale_code(int c, int64_t k) const { return scale_codes[c][k / kGroup]; }
+  using Fp4StreamRows<kGroup>::row;
+  using Fp4StreamRows<kGroup>::scale_code;
   __m512 load(int c, int64_t i, __mmask16) const {
     const __m512i bytes =
         _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[c] + i / 2)));
@@ -142,18 +118,6 @@ inline void fold_dots(const __m512 (&acc)[R][C], float (&part)[R][C]) {
       for (int c = 0; c < C; ++c) part[r][c] = avx512::fold(acc[r][c]);
   }
 }
-
-// One call's operands and the tile walk shared by every coding and every Dots.
-struct Call {
-  const ActivationCodes& a;
-  int64_t m;
-  const WeightOperand& w;
-  int64_t e, n0, n;
-  float* out;
-  int64_t ldo;
-  int64_t nb, kb;
-  float* w_scales;  // Buffers::w_scales
-};
 
 // Writes R × C outputs (nc channels real), each total · alpha.
 template <int R, int C>

@@ -1,0 +1,98 @@
+// What every x86 row of the scaled GEMM shares, whatever its vector width: a call's operands, the
+// weight streams' row pointers (fp4's block-scale rows too), and the switch from a weight coding
+// to its stream. Each row's own streams (x86/weight_streams.h, quant_gemm_avx2.cpp, bf16_streams.h)
+// add the decode. Internal linkage, as for everything compiled with per-file ISA flags: each row
+// keeps its own copy, so no inline function built for a wider ISA can stand in for another's.
+#pragma once
+
+#include <xmmintrin.h>
+
+#include <cstdint>
+
+#include "moecore/core/error.h"
+#include "moecore/kernels/quant_gemm.h"
+
+namespace moecore {
+namespace {
+
+// Weight channels (rows of W) in a tile at most.
+constexpr int kMaxChannels = 4;
+
+// One call's operands.
+struct Call {
+  ActivationCodes a;  // a copy, so that rows_from's calls own theirs
+  int64_t m;
+  const WeightOperand& w;
+  int64_t e, n0, n;
+  float* out;
+  int64_t ldo;
+  int64_t nb, kb;
+  float* w_scales;  // [kMaxChannels, nb]: the K-block scales of a tile's channels
+
+  /// Activation rows [r0, r0 + rows) as a call of their own.
+  Call rows_from(int64_t r0, int64_t rows) const {
+    return {activation_rows_from(a, r0), rows, w, e, n0, n, out + r0 * ldo, ldo, nb, kb, w_scales};
+  }
+};
+
+/// bind(c, w, e, r) points tile channel c at row r of expert e's weights (elements of type T).
+template <class T>
+struct StreamRows {
+  const T* row[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    row[c] = static_cast<const T*>(w.data.at({e, r, 0}));
+  }
+};
+
+/// Packed e2m1 rows (element 2j in the low nibble of byte j) with their rows of block-scale codes,
+/// one per kGroup elements (K is a multiple of kGroup).
+template <int kGroup>
+struct Fp4StreamRows : StreamRows<uint8_t> {
+  static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
+  const uint8_t* scale_codes[kMaxChannels] = {};
+  void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
+    StreamRows<uint8_t>::bind(c, w, e, r);
+    scale_codes[c] = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
+    // The scale rows are a stream of their own, read in short bursts: fetch the row that channel c
+    // binds in the next tile (kMaxChannels rows on; weights prefetch in the dots).
+    const uint8_t* next = scale_codes[c] + kMaxChannels * w.scale.strides[1];
+    for (int64_t b = 0; b < w.k / kGroup; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + b), _MM_HINT_T0);
+  }
+  /// The scale code of channel c's element k.
+  uint8_t scale_code(int c, int64_t k) const {
+    return scale_codes[c][static_cast<uint64_t>(k) / kGroup];  // unsigned: a shift
+  }
+};
+
+/// run(stream) with a default-built stream of w's coding, from a row's stream templates: dense
+/// rows by their dtype, int8 codes as floats (a row handles int8 × int8 before calling this).
+template <template <DType> class Dense, class Fp8, class Int8AsFloat, template <int> class Fp4,
+          class Run>
+void run_with_weight_stream(const WeightOperand& w, Run&& run) {
+  switch (w.coding) {
+    case WeightCoding::kDense:
+      switch (w.data.dtype) {
+        case DType::kBF16:
+          return run(Dense<DType::kBF16>{});
+        case DType::kF16:
+          return run(Dense<DType::kF16>{});
+        default:
+          return run(Dense<DType::kF32>{});
+      }
+    case WeightCoding::kFp8:
+      return run(Fp8{});
+    case WeightCoding::kInt8:
+      return run(Int8AsFloat{});
+    case WeightCoding::kNvfp4:
+    case WeightCoding::kMxfp4:
+      MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
+                             ") must be a multiple of its scale group");
+      if (w.coding == WeightCoding::kNvfp4) return run(Fp4<16>{});
+      return run(Fp4<32>{});
+  }
+  MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
+}
+
+}  // namespace
+}  // namespace moecore
