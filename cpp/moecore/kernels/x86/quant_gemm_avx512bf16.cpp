@@ -57,7 +57,10 @@ struct Bf16Dots {
   static constexpr bool kLaneSums = true;
 
   template <int R, int C>
-  void lanes(int64_t r0, int64_t k0, int64_t len, __m512 (&acc)[R][C]) const {
+  void lanes(int64_t r0, int64_t k0, int64_t len, __m512 (&out)[R][C]) const {
+    // Local sums, copied out at the end: summing into `out` made GCC store every accumulator on
+    // every step (it may alias the byte loads), a store-bound loop.
+    __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     const int64_t row_bytes = pk.row_bytes();
@@ -74,6 +77,8 @@ struct Bf16Dots {
                                        reinterpret_cast<__m512bh>(wv[c]));
       }
     }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
   }
 };
 
