@@ -142,9 +142,9 @@ struct Int8AsFloatStream : RawBytesStream {
 };
 
 // fp4 rows (x86/row_common.h; K is a multiple of kGroup, so no step has a tail and a step lies
-// in one group). Weights come from
-// their scale code's row of fp4_tables (quant_gemm.h): entries 0–7 are the positive codes and
-// 8–15 the negative ones, so 8 weights are two 8-entry permutes and a blend on the sign bit.
+// in one group). Weights come from their scale code's row of fp4_tables (quant_gemm.h): entries
+// 0–7 are the positive codes and 8–15 the negative ones, so 8 weights are two 8-entry permutes and
+// a blend on the sign bit.
 template <int kGroup>
 struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
