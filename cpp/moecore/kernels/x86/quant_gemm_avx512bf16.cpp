@@ -134,8 +134,7 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
         }
       }
     }
-    const Call part{call.a,        call.m,   call.w,  call.e,  call.n0 + c0, cols,
-                    call.out + c0, call.ldo, call.nb, call.kb, call.w_scales};
+    const Call part = call.columns_from(c0, cols);
     Bf16Dots<DecodedStream> dots{DecodedStream{buffers.w_decoded, row_bytes, call.n0 + c0},
                                  buffers.a_codes, pk};
     walk_tiles(part, dots);

@@ -33,6 +33,10 @@ struct Call {
   Call rows_from(int64_t r0, int64_t rows) const {
     return {activation_rows_from(a, r0), rows, w, e, n0, n, out + r0 * ldo, ldo, nb, kb, w_scales};
   }
+  /// Weight rows [n0 + c0, n0 + c0 + cols) as a call of their own.
+  Call columns_from(int64_t c0, int64_t cols) const {
+    return {a, m, w, e, n0 + c0, cols, out + c0, ldo, nb, kb, w_scales};
+  }
 };
 
 /// bind(c, w, e, r) points tile channel c at row r of expert e's weights (elements of type T).
