@@ -16,6 +16,7 @@
 #include "moecore/isa/isa.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
+#include "moecore/kernels/weight_tiles.h"
 #include "moecore/runner/runner.h"
 
 namespace moecore {
@@ -215,6 +216,9 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
                                              : 100},
                       {19, fp4 ? 160 : 161}}) {
     const Operand op = make_operand(rng, c, n, k);
+    const Tensor tiles = pack_weight_tiles(op.data.view());
+    WeightOperand tiled_w = op.w;
+    tiled_w.tiles = tiles.view();
     for (int64_t m : {1, 2, 3, 16, 17, 64, 130}) {
       SCOPED_TRACE(::testing::Message()
                    << row.name() << " " << case_name(c) << " m=" << m << " n=" << n << " k=" << k);
@@ -244,6 +248,10 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
         kernel(a.view, m, op.w, e, n1, n - n1, split.data() + n1, n);
       }).join();
       for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(split[i], out[i]) << i;
+      // The same codes prepacked in weight tiles give the same bits.
+      std::vector<float> tiled(m * n);
+      kernel(a.view, m, tiled_w, e, 0, n, tiled.data(), n);
+      for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(tiled[i], out[i]) << i;
     }
   }
 }
@@ -262,11 +270,19 @@ TEST_P(QuantGemmBf16Test, ColumnBlocksDecodedOnceGiveTheStreamedBits) {
   kernel(a.view, m, op.w, e, 0, n, out.data(), n);
   scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
   const std::vector<double> magnitude = term_magnitudes(a.view, m, op.w, e);
+  const Tensor tiles = pack_weight_tiles(op.data.view());
+  WeightOperand tiled = op.w;
+  tiled.tiles = tiles.view();
+  std::vector<float> out_tiled(m * n);
+  kernel(a.view, m, tiled, e, 0, n, out_tiled.data(), n);
   for (int64_t r = 0; r < m; ++r) {
-    std::vector<float> alone(n);
+    std::vector<float> alone(n), alone_tiled(n);
     kernel(row_alone(a.view, r), 1, op.w, e, 0, n, alone.data(), n);
+    kernel(row_alone(a.view, r), 1, tiled, e, 0, n, alone_tiled.data(), n);
     for (int64_t j = 0; j < n; ++j) {
       ASSERT_EQ(out[r * n + j], alone[j]) << "row " << r << " column " << j;
+      ASSERT_EQ(out_tiled[r * n + j], out[r * n + j]) << "row " << r << " column " << j;
+      ASSERT_EQ(alone_tiled[j], alone[j]) << "row " << r << " column " << j;
       ASSERT_NEAR(out[r * n + j], ref[r * n + j], kTolerance * (1.0 + magnitude[r * n + j]))
           << "row " << r << " column " << j;
     }

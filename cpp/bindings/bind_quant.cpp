@@ -97,7 +97,23 @@ constexpr const char* kLinearScalesDoc =
     "derives them from the contract layout on every call.";
 
 void bind_quant(py::module_& m) {
-  py::class_<MoeQuantInfo, QuantInfoPtr>(m, "MoeQuantInfo", "Base of the QuantInfo payloads.");
+  py::class_<MoeQuantInfo, QuantInfoPtr>(m, "MoeQuantInfo", "Base of the QuantInfo payloads.")
+      .def("pack_weight_tiles", &MoeQuantInfo::pack_weight_tiles,
+           py::call_guard<py::gil_scoped_release>(),
+           "moecore: prepacks the expert weights the kernels read (w13_weight and w2_weight; an "
+           "MXFP4 payload's kernel_layout) in weight tiles, which the avx512_bf16 and amx rows "
+           "then stream instead (the same codes, so the same results). Doubles the weights' "
+           "memory; pack again after changing the weights in place.")
+      .def_property_readonly(
+          "weight_tiles",
+          [](const MoeQuantInfo& q) -> py::object {
+            if (q.weight_tiles == nullptr) return py::none();
+            py::list out;
+            for (const Tensor& t : q.weight_tiles->tiles()) out.append(to_numpy(t));
+            return py::tuple(out);
+          },
+          "moecore: the weight tiles (u8 [E, ceil(N/4), ceil(row bytes/64), 4, 64] each, in "
+          "packing order), or None.");
 
   py::class_<TritonMoeQuantInfo, MoeQuantInfo, std::shared_ptr<TritonMoeQuantInfo>>(
       m, "TritonMoeQuantInfo",
@@ -457,23 +473,43 @@ void bind_quant(py::module_& m) {
 
   py::class_<FusedMoEMethod, std::shared_ptr<FusedMoEMethod>>(m, "FusedMoEMethodBase")
       .def_property_readonly("name", &FusedMoEMethod::name)
-      .def("create_weights", [](FusedMoEMethod& q, FusedMoE& layer, int64_t num_experts,
-                                int64_t hidden, int64_t inter, py::object params_dtype, bool with_bias) {
-        q.create_weights(layer, num_experts, hidden, inter, *to_dtype(params_dtype), with_bias);
-      }, "layer"_a, "num_experts"_a, "hidden_size"_a, "intermediate_size_per_partition"_a,
-         "params_dtype"_a, "with_bias"_a = false)
-      .def("process_weights_after_loading", &FusedMoEMethod::process_weights_after_loading, "layer"_a)
-      .def("create_moe_runner", &FusedMoEMethod::create_moe_runner, "layer"_a, "moe_runner_config"_a)
-      .def("apply", [](FusedMoEMethod& q, FusedMoE& layer, py::object dispatch_output) {
-        DispatchOutputPtr d = to_dispatch_output(dispatch_output);
-        CombineInputPtr out;
-        {
-          py::gil_scoped_release release;
-          out = q.apply(layer, d);
-        }
-        return from_combine_input(out);
-      }, "layer"_a, "dispatch_output"_a)
-      .def_property_readonly("load_up_proj_weight_first", &FusedMoEMethod::load_up_proj_weight_first)
+      .def_property_readonly(
+          "weight_tiles",
+          [](const FusedMoEMethod& method) -> py::object {
+            if (method.weight_tiles() == nullptr) return py::none();
+            py::list out;
+            for (const Tensor& t : method.weight_tiles()->tiles()) out.append(to_numpy(t));
+            return py::tuple(out);
+          },
+          "moecore: the weight tiles process_weights_after_loading made (every QuantInfo of "
+          "apply carries them), or None: the kernel row reads the contract layout only, or "
+          "MoeRunnerConfig.prepack_weight_tiles is False.")
+      .def(
+          "create_weights",
+          [](FusedMoEMethod& q, FusedMoE& layer, int64_t num_experts, int64_t hidden, int64_t inter,
+             py::object params_dtype, bool with_bias) {
+            q.create_weights(layer, num_experts, hidden, inter, *to_dtype(params_dtype), with_bias);
+          },
+          "layer"_a, "num_experts"_a, "hidden_size"_a, "intermediate_size_per_partition"_a,
+          "params_dtype"_a, "with_bias"_a = false)
+      .def("process_weights_after_loading", &FusedMoEMethod::process_weights_after_loading,
+           "layer"_a)
+      .def("create_moe_runner", &FusedMoEMethod::create_moe_runner, "layer"_a,
+           "moe_runner_config"_a)
+      .def(
+          "apply",
+          [](FusedMoEMethod& q, FusedMoE& layer, py::object dispatch_output) {
+            DispatchOutputPtr d = to_dispatch_output(dispatch_output);
+            CombineInputPtr out;
+            {
+              py::gil_scoped_release release;
+              out = q.apply(layer, d);
+            }
+            return from_combine_input(out);
+          },
+          "layer"_a, "dispatch_output"_a)
+      .def_property_readonly("load_up_proj_weight_first",
+                             &FusedMoEMethod::load_up_proj_weight_first)
       .def_property_readonly("runner", &FusedMoEMethod::runner);
 
   py::class_<UnquantizedFusedMoEMethod, FusedMoEMethod, std::shared_ptr<UnquantizedFusedMoEMethod>>(

@@ -61,7 +61,8 @@ void bind_runner(py::module_& m) {
                        std::optional<float> gemm1_beta, std::optional<float> swiglu_limit,
                        bool gate_up_interleaved, bool force_unfused, py::object isa_level,
                        py::object custom_act_fn, std::optional<int64_t> routing_method_type,
-                       bool use_tp_all_gather_activation, std::optional<bool> amx_float_tiles) {
+                       bool use_tp_all_gather_activation, std::optional<bool> amx_float_tiles,
+                       bool prepack_weight_tiles) {
              if (!custom_act_fn.is_none())
                MOECORE_UNSUPPORTED("MoeRunnerConfig: custom_act_fn (a Python activation) cannot "
                                    "run inside moecore's C++ runners; use a named activation");
@@ -89,6 +90,7 @@ void bind_runner(py::module_& m) {
              c.routing_method_type = routing_method_type;
              c.use_tp_all_gather_activation = use_tp_all_gather_activation;
              c.amx_float_tiles = amx_float_tiles;
+             c.prepack_weight_tiles = prepack_weight_tiles;
              if (!isa_level.is_none()) {
                MOECORE_CHECK_DTYPE(py::isinstance<py::str>(isa_level),
                                    "MoeRunnerConfig: isa_level must be a string like 'avx512', got ",
@@ -107,7 +109,8 @@ void bind_runner(py::module_& m) {
            "gemm1_beta"_a = py::none(), "swiglu_limit"_a = py::none(),
            "gate_up_interleaved"_a = false, "force_unfused"_a = false, "isa_level"_a = py::none(),
            "custom_act_fn"_a = py::none(), "routing_method_type"_a = py::none(),
-           "use_tp_all_gather_activation"_a = false, "amx_float_tiles"_a = py::none())
+           "use_tp_all_gather_activation"_a = false, "amx_float_tiles"_a = py::none(),
+           "prepack_weight_tiles"_a = true)
       .def_readwrite("num_experts", &MoeRunnerConfig::num_experts)
       .def_readwrite("num_local_experts", &MoeRunnerConfig::num_local_experts)
       .def_readwrite("hidden_size", &MoeRunnerConfig::hidden_size)
@@ -140,6 +143,9 @@ void bind_runner(py::module_& m) {
       .def_readwrite("amx_float_tiles", &MoeRunnerConfig::amx_float_tiles,
                      "moecore: AMX tiles for bf16-exact float operands at the amx level (None: "
                      "MOECORE_AMX_FLOAT_TILES, resolved when a MoeRunner is built)")
+      .def_readwrite("prepack_weight_tiles", &MoeRunnerConfig::prepack_weight_tiles,
+                     "moecore: process_weights_after_loading prepacks the weights in weight tiles "
+                     "when the kernel row streams them (doubles the weights' memory)")
       .def_property_readonly(
           "gemm_kernel",
           [](const MoeRunnerConfig& c) {

@@ -21,6 +21,7 @@ struct PyCombineInput : CombineInput {
 struct PyQuantInfo : MoeQuantInfo {
   PyHolder obj;
   const char* name() const override { return "<Python quant info>"; }
+  std::vector<Tensor> kernel_weights() const override { return {}; }  // read by Python only
 };
 struct PyRunnerInput : RunnerInput {
   PyHolder obj;

@@ -196,18 +196,19 @@ struct KernelRow {
   IsaLevel level;
   const char* name;
   size_t (*scratch_bytes)(const WeightOperand& w);
-  bool amx_float_tiles = false;  // taken only when asked for
+  bool amx_float_tiles = false;     // taken only when asked for
+  bool reads_weight_tiles = false;  // streams WeightOperand::tiles when given
 };
 
 constexpr KernelRow kKernelRows[] = {
 #ifdef MOECORE_COMPILED_AMX
     {scaled_gemm_amx_tiles, IsaLevel::kAmx, "amx_float_tiles", scaled_gemm_amx_tiles_scratch_bytes,
      true},
-    {scaled_gemm_amx, IsaLevel::kAmx, "amx", scaled_gemm_amx_scratch_bytes},
+    {scaled_gemm_amx, IsaLevel::kAmx, "amx", scaled_gemm_amx_scratch_bytes, false, true},
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
     {scaled_gemm_avx512_bf16, IsaLevel::kAvx512Bf16, "avx512_bf16",
-     scaled_gemm_avx512_bf16_scratch_bytes},
+     scaled_gemm_avx512_bf16_scratch_bytes, false, true},
 #endif
 #ifdef MOECORE_COMPILED_AVX512
     {scaled_gemm_avx512, IsaLevel::kAvx512, "avx512", scaled_gemm_avx512_scratch_bytes},
@@ -234,6 +235,10 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles) {
 
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
   return scaled_gemm_kernel(level, env_flag("MOECORE_AMX_FLOAT_TILES", false));
+}
+
+bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel) {
+  return kernel_row(kernel, "scaled_gemm_reads_weight_tiles").reads_weight_tiles;
 }
 
 const char* scaled_gemm_kernel_name(ScaledGemmFn kernel) {

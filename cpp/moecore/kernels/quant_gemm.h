@@ -35,6 +35,10 @@ struct WeightOperand {
   TensorView data;   // see WeightCoding
   TensorView scale;  // see WeightCoding; data == nullptr when the coding has none
   TensorView alpha;  // f32 [E] post scale, or data == nullptr
+  // The same codes prepacked in weight tiles (weight_tiles.h), or data == nullptr. The
+  // avx512_bf16 and amx rows stream them when given (the same values, so the same bits); every
+  // other row reads `data`.
+  TensorView tiles;
   int64_t num_experts = 0, n = 0, k = 0;
   int64_t block_n = 0, block_k = 0;  // kFp8 block scales; 0 when not blocked
 
@@ -169,6 +173,9 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles);
 /// prefill 2.4–3.4× faster but decode slower; README, Kernels), read at each call. Runners build
 /// with MoeRunnerConfig::gemm_kernel(), which a MoeRunner fixes when it is built.
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
+
+/// Whether row `kernel` streams an operand's weight tiles when it has them (WeightOperand::tiles).
+bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel);
 
 /// The name of row `kernel` (a row of this build): its ISA level's name ("scalar" … "amx"), or
 /// "amx_float_tiles".

@@ -211,6 +211,7 @@ bool FusedMoE::weight_loader(const std::string& param_name, const Tensor& loaded
 void FusedMoE::process_weights_after_loading() {
   quant_method_->process_weights_after_loading(*this);
   quant_method_->create_moe_runner(*this, config_);
+  quant_method_->pack_weight_tiles(*this);
 }
 
 Tensor FusedMoE::forward(const Tensor& hidden_states, const Tensor& router_logits,

@@ -39,12 +39,25 @@ class FusedMoEMethod {
 
   const std::shared_ptr<MoeRunner>& runner() const { return runner_; }
 
+  /// Prepacks kernel_weights(layer) in weight tiles, which every QuantInfo of apply then carries,
+  /// when the runner's kernel row streams tiles and its config's prepack_weight_tiles is set (else
+  /// drops any): FusedMoE::process_weights_after_loading calls it after create_moe_runner.
+  void pack_weight_tiles(FusedMoE& layer);
+  /// The tiles made by pack_weight_tiles (nullptr: none).
+  const std::shared_ptr<const WeightTileSet>& weight_tiles() const { return weight_tiles_; }
+  /// The processed expert weights the runner's kernels read in place: the layer's w13_weight and
+  /// w2_weight unless a method reads a layout of its own.
+  virtual std::vector<Tensor> kernel_weights(const FusedMoE& layer) const;
+
  protected:
   /// The QuantInfo apply passes for this dispatch output (after checking what the method
   /// requires of it).
   virtual QuantInfoPtr apply_quant_info(FusedMoE& layer,
                                         const DispatchOutputPtr& dispatch_output) = 0;
   std::shared_ptr<MoeRunner> runner_;
+
+ private:
+  std::shared_ptr<const WeightTileSet> weight_tiles_;
 };
 
 /// UnquantizedFusedMoEMethod (sglang quantization/unquant.py): w13 [E, 2I, H] (or [E, I, H]

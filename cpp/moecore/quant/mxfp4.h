@@ -61,6 +61,10 @@ class Mxfp4MoEMethod : public FusedMoEMethod {
 
   int64_t padded_intermediate() const { return padded_inter_; }  // Np
   int64_t padded_hidden() const { return padded_hidden_; }       // Kp
+  /// The kernel layout's weights.
+  std::vector<Tensor> kernel_weights(const FusedMoE&) const override {
+    return {kernel_layout_.w13_weight, kernel_layout_.w2_weight};
+  }
 
  private:
   int64_t hidden_ = 0, inter_ = 0, inter_after_pad_ = 0, padded_inter_ = 0, padded_hidden_ = 0;
@@ -89,6 +93,10 @@ class Mxfp4FlashinferCutlassMoEMethod : public FusedMoEMethod {
   QuantInfoPtr apply_quant_info(FusedMoE& layer,
                                 const DispatchOutputPtr& dispatch_output) override;
   QuantInfoPtr quant_info(const FusedMoE& layer) const;
+  /// The kernel layout's weights.
+  std::vector<Tensor> kernel_weights(const FusedMoE&) const override {
+    return {kernel_layout_.w13_weight, kernel_layout_.w2_weight};
+  }
 
  private:
   Tensor swiglu_alpha_, swiglu_beta_, swiglu_limit_;

@@ -1,2 +1,12 @@
-// Anchor for the QuantInfo vtables.
+// The QuantInfo vtables, and what every QuantInfo does alike.
 #include "moecore/quant/quant_info.h"
+
+namespace moecore {
+
+void MoeQuantInfo::pack_weight_tiles() {
+  auto set = std::make_shared<WeightTileSet>();
+  for (const Tensor& w : kernel_weights()) set->pack(w);
+  weight_tiles = std::move(set);
+}
+
+}  // namespace moecore

@@ -10,6 +10,7 @@
 
 #include "moecore/core/dtype.h"
 #include "moecore/core/tensor.h"
+#include "moecore/kernels/weight_tiles.h"
 
 namespace moecore {
 
@@ -18,6 +19,17 @@ class MoeQuantInfo {
   virtual ~MoeQuantInfo() = default;
   /// The Python class name, for messages: "TritonMoeQuantInfo".
   virtual const char* name() const = 0;
+  /// The expert weight tensors the kernels read in place (those the runner's operands view), which
+  /// pack_weight_tiles packs.
+  virtual std::vector<Tensor> kernel_weights() const = 0;
+
+  /// moecore: kernel_weights() prepacked in weight tiles (kernels/weight_tiles.h), which the
+  /// runners' operands read instead where their kernel row streams tiles; nullptr: none. Quant
+  /// methods set it when they process the weights; the tiles hold the codes of the moment they were
+  /// packed, so weights changed in place afterwards must be packed again.
+  std::shared_ptr<const WeightTileSet> weight_tiles;
+  /// Packs kernel_weights() into a new weight_tiles.
+  void pack_weight_tiles();
 };
 using QuantInfoPtr = std::shared_ptr<MoeQuantInfo>;
 
@@ -35,6 +47,12 @@ struct TritonMoeQuantInfo : MoeQuantInfo {
   Tensor w13_scale, w2_scale, w13_zp, w2_zp, a13_scale, a2_scale;
   std::vector<int64_t> block_shape;  // empty: None
   const char* name() const override { return "TritonMoeQuantInfo"; }
+  /// None under use_int8_w8a8: int8 × int8 codes take the integer rows, which read the contract
+  /// layout (a repack of their own, exact in int32), so tiles would only take memory.
+  std::vector<Tensor> kernel_weights() const override {
+    if (use_int8_w8a8) return {};
+    return {w13_weight, w2_weight};
+  }
   bool is_quantized() const {
     return use_fp8_w8a8 || use_int8_w8a8 || use_int8_w8a16 || use_int4_w4a16;
   }
@@ -47,6 +65,7 @@ struct TorchNativeMoeQuantInfo : MoeQuantInfo {
   Tensor b13;         // [E, 2I] or None
   Tensor b2;          // [E, H] or None
   const char* name() const override { return "TorchNativeMoeQuantInfo"; }
+  std::vector<Tensor> kernel_weights() const override { return {w13_weight, w2_weight}; }
 };
 
 /// DeepGemmMoeQuantInfo (sglang moe_runner/deep_gemm.py): DeepGEMM grouped GEMMs, FP8 with
@@ -63,6 +82,7 @@ struct DeepGemmMoeQuantInfo : MoeQuantInfo {
   /// activation group scales are rounded up to powers of two and weight scales must be ones.
   bool scale_ue8m0 = false;
   const char* name() const override { return "DeepGemmMoeQuantInfo"; }
+  std::vector<Tensor> kernel_weights() const override { return {w13_weight, w2_weight}; }
 };
 
 /// An NVFP4 MLP's weight block scales in the layout the kernels read: linear kF8E4M3
@@ -93,6 +113,7 @@ struct CuteDslFp4MoeQuantInfo : MoeQuantInfo {
   /// moecore: the block scales in the kernels' linear layout (see Nvfp4LinearScales).
   Nvfp4LinearScales linear_scales;
   const char* name() const override { return "CuteDslFp4MoeQuantInfo"; }
+  std::vector<Tensor> kernel_weights() const override { return {w13_weight, w2_weight}; }
 };
 
 /// An MXFP4 MLP's weights in the layout the kernels read (what WeightOperand with
@@ -123,6 +144,10 @@ struct FlashInferMxfp4CutlassMoeQuantInfo : MoeQuantInfo {
   /// moecore: the four weight tensors above in the kernels' layout (see Mxfp4KernelLayout).
   Mxfp4KernelLayout kernel_layout;
   const char* name() const override { return "FlashInferMxfp4CutlassMoeQuantInfo"; }
+  /// The kernel layout's weights (undefined when it is: the runner then derives it per call).
+  std::vector<Tensor> kernel_weights() const override {
+    return {kernel_layout.w13_weight, kernel_layout.w2_weight};
+  }
 };
 
 /// FlashInferCutlassMoeQuantInfo (sglang moe_runner/flashinfer_cutlass.py): FlashInfer's
@@ -141,6 +166,7 @@ struct FlashInferCutlassMoeQuantInfo : MoeQuantInfo {
   /// Nvfp4LinearScales).
   Nvfp4LinearScales linear_scales;
   const char* name() const override { return "FlashInferCutlassMoeQuantInfo"; }
+  std::vector<Tensor> kernel_weights() const override { return {w13_weight, w2_weight}; }
 };
 
 }  // namespace moecore

@@ -46,6 +46,10 @@ struct MoeRunnerConfig {
   /// (scaled_gemm_amx_tiles; README, Kernels). Fixed when a MoeRunner is built, like isa_level:
   /// nullopt there means MOECORE_AMX_FLOAT_TILES (default off).
   std::optional<bool> amx_float_tiles;
+  /// moecore: process_weights_after_loading prepacks the weights the kernels read in weight tiles
+  /// (kernels/weight_tiles.h) when the kernel row streams them: decode reads one stream per tile.
+  /// They sit beside the contract layout, doubling the weights' memory; false keeps that only.
+  bool prepack_weight_tiles = true;
 
   /// The level backends build at: isa_level, or the current level for a config that a fused
   /// func or runner core receives directly, without a MoeRunner.

@@ -225,6 +225,7 @@ ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, S
   mlp.gemm1.bias = w.b13;
   mlp.gemm2.weight = operand(w.w2, w.hidden, w.inter);
   mlp.gemm2.bias = w.b2;
+  attach_weight_tiles(w.tiles, mlp);
   mlp.activation = spec;
   mlp.act_dtype = w.dtype;
   mlp.gemm = gemm;

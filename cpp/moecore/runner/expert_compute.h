@@ -14,6 +14,7 @@
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
+#include "moecore/kernels/weight_tiles.h"
 #include "moecore/routing/topk.h"
 
 namespace moecore {
@@ -22,6 +23,7 @@ namespace moecore {
 /// optional biases b13 [E, N1], b2 [E, H] (f32, f16 or bf16). All contiguous.
 struct ExpertWeights {
   TensorView w13, w2, b13, b2;  // b13/b2 have data == nullptr when absent
+  const WeightTileSet* tiles = nullptr;  // the payload's weight tiles (dense_expert_mlp attaches)
   int64_t num_experts = 0, n1 = 0, hidden = 0, inter = 0;
   DType dtype = DType::kF32;
 };
@@ -103,6 +105,13 @@ struct ExpertMlp {
   ScaledGemmFn gemm = nullptr;  // the kernel row, picked at construction (config.isa_level)
   int64_t hidden = 0, inter = 0;
 };
+/// Both GEMMs' weights read the tiles of their codes in `set`, where it has them (a payload's
+/// weight_tiles; nullptr: none).
+inline void attach_weight_tiles(const WeightTileSet* set, ExpertMlp& mlp) {
+  attach_weight_tiles(set, mlp.gemm1.weight);
+  attach_weight_tiles(set, mlp.gemm2.weight);
+}
+
 /// The dense (unquantized) MLP over validated weights.
 ExpertMlp dense_expert_mlp(const ExpertWeights& w, const ActivationSpec& spec, ScaledGemmFn gemm);
 

@@ -129,8 +129,9 @@ def unsupported(shape: Shape, fmt: str) -> str:
     return ""
 
 
-def build_layer(shape: Shape, fmt: str, rng, *, peers: bool) -> Layer:
-    """Generates, quantizes and lays out one layer; peers' fp32 weights if they fit."""
+def build_layer(shape: Shape, fmt: str, rng, *, peers: bool, weight_tiles: bool = True) -> Layer:
+    """Generates, quantizes and lays out one layer (its weights prepacked in weight tiles too,
+    unless weight_tiles is False); peers' fp32 weights if they fit."""
     import torch
 
     E, H, I = shape.experts, shape.hidden, shape.inter
@@ -149,6 +150,8 @@ def build_layer(shape: Shape, fmt: str, rng, *, peers: bool) -> Layer:
             w13[e] = torch.from_numpy(d13)
             w2[e] = torch.from_numpy(d2)
     quant_info, stored = b.finish()
+    if weight_tiles:  # as a processed layer runs (MoeRunnerConfig.prepack_weight_tiles)
+        quant_info.pack_weight_tiles()
     note = "" if want_peers else ("skipped (--peers none)" if not peers else "skipped (memory)")
     return Layer(shape, fmt, FORMATS[fmt][0], quant_info, sum(a.nbytes for a in stored), w13, w2,
                  note, stored)

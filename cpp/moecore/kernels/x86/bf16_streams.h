@@ -9,22 +9,26 @@
 namespace moecore {
 namespace {
 
-// Elements [k, k + 32) of channel c's weight row as 32 bf16 codes (lanes outside `mask` are +0):
-// two exact fp32 decodes, rounded to bf16 exactly (the codes are bf16 values).
+// Elements [k, k + 32) of channel c's weight row as 32 bf16 codes (lanes outside `mask` are +0),
+// k a multiple of 32, read through stream.at (contract rows or weight tiles: a step's bytes never
+// straddle a 64-byte piece). One specialization per stream below.
 template <class Stream>
-inline __m512i load_bf16x32(const Stream& stream, int c, int64_t k, __mmask32 mask) {
-  const __m512 lo = stream.load(c, k, static_cast<__mmask16>(mask));
-  // The upper half is not read at all past the row's end.
-  const __m512 hi = (mask >> 16) != 0 ? stream.load(c, k + 16, static_cast<__mmask16>(mask >> 16))
-                                      : _mm512_setzero_ps();
-  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-}
+__m512i load_bf16x32(const Stream& stream, int c, int64_t k, __mmask32 mask);
 
 // bf16 weights are loaded as they are.
 template <>
 inline __m512i load_bf16x32(const DenseStream<DType::kBF16>& stream, int c, int64_t k,
                             __mmask32 mask) {
-  return _mm512_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(stream.row[c]) + k);
+  return _mm512_maskz_loadu_epi16(mask, stream.at(c, 2 * k));
+}
+
+// int8 values as floats: exact in fp32, then in bf16 (the masked-off bytes are not read).
+template <>
+inline __m512i load_bf16x32(const Int8AsFloatStream& stream, int c, int64_t k, __mmask32 mask) {
+  const __m256i bytes = _mm256_maskz_loadu_epi8(mask, stream.at(c, k));
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
 // e4m3fn codes straight to bf16 bits, exactly (fewer steps than two fp32 decodes): a normal code
@@ -33,7 +37,7 @@ inline __m512i load_bf16x32(const DenseStream<DType::kBF16>& stream, int c, int6
 // quiet NaN with their sign, as in the fp32 decoder.
 template <>
 inline __m512i load_bf16x32(const Fp8Stream& stream, int c, int64_t k, __mmask32 mask) {
-  const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, stream.row[c] + k));
+  const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, stream.at(c, k)));
   const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
   __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
   const __m512i subnormals = _mm512_setr_epi32(0x3b000000, 0x3bc03b80, 0x3c203c00, 0x3c603c40, 0, 0,
@@ -80,7 +84,7 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
 // always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
 template <int kGroup>
 inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
-  const uint8_t* bytes = stream.row[c] + k / 2;
+  const uint8_t* bytes = stream.at(c, k / 2);
   const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
   const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
                                : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));

@@ -34,16 +34,22 @@ struct DecodedStream {
   void bind(int c, const WeightOperand&, int64_t, int64_t r) {
     row[c] = base + (r - first_row) * row_bytes;
   }
+  const uint8_t* at(int c, int64_t byte) const { return row[c] + byte; }
+  int64_t lead(const WeightOperand&, int channels) const { return channels * row_bytes; }
 };
-
-inline int64_t stream_row_stride(const DecodedStream& stream, const WeightOperand&) {
-  return stream.row_bytes;
-}
 
 // Unmasked: the stored vector holds what the decode gave for these lanes (zeros past the end).
 template <>
 inline __m512i load_bf16x32(const DecodedStream& stream, int c, int64_t k, __mmask32) {
   return _mm512_loadu_si512(stream.row[c] + 2 * k);
+}
+
+// The line holding element k of each of C channels, `ahead` bytes on (Stream::lead), every step.
+template <int C, class Stream>
+inline void prefetch_ahead(const Stream& stream, int64_t k, int64_t ahead) {
+  for (int c = 0; c < C; ++c)
+    _mm_prefetch(reinterpret_cast<const char*>(stream.at(c, k * Stream::kHalfBytes / 2)) + ahead,
+                 _MM_HINT_T0);
 }
 
 // VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows: the 16
@@ -66,7 +72,7 @@ struct Bf16Dots {
     const int64_t row_bytes = pk.row_bytes();
     const uint8_t* rows = a + r0 * row_bytes + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
     for (int64_t i = 0; i < len; i += 32) {
-      prefetch_next_tile_step<C, Stream::kHalfBytes>(stream.row, k0 + i, ahead);
+      prefetch_ahead<C>(stream, k0 + i, ahead);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
@@ -119,7 +125,7 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
                   const StreamBuffers& buffers) {
   const WeightOperand& w = call.w;
   const int64_t row_bytes = decoded_row_bytes(w), block = decoded_columns(w);
-  const int64_t ahead = stream_row_stride(stream, w);
+  const int64_t ahead = stream.lead(w, 1);
   for (int64_t c0 = 0; c0 < call.n; c0 += block) {
     const int64_t cols = std::min(block, call.n - c0);
     for (int64_t j = 0; j < cols; ++j) {
@@ -128,7 +134,7 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
       for (int64_t b = 0; b < call.nb; ++b) {  // the dots' steps: k0 + i, masked at the block end
         const int64_t k0 = b * call.kb, len = std::min(call.kb, w.k - k0);
         for (int64_t i = 0; i < len; i += 32) {
-          prefetch_next_tile_step<1, Stream::kHalfBytes>(stream.row, k0 + i, ahead);
+          prefetch_ahead<1>(stream, k0 + i, ahead);
           const __mmask32 mask = avx512::tail_mask32(len - i);
           _mm512_store_si512(row + 2 * (k0 + i), load_bf16x32(stream, 0, k0 + i, mask));
         }
@@ -171,20 +177,24 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
   const StreamBuffers buffers(carver, w, pk);
   const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
+  // The weight tiles when w has them (the same codes, one stream per tile), else the contract rows.
+  const auto run = [&](auto stream) {
+    stream.tiled = w.tiles.data != nullptr;
+    run_streamed(call, stream, pk, buffers);
+  };
   switch (w.coding) {
     case WeightCoding::kDense:  // bf16 (bf16_operands)
-      return run_streamed(call, DenseStream<DType::kBF16>{}, pk, buffers);
+      return run(DenseStream<DType::kBF16>{});
     case WeightCoding::kFp8:
-      return run_streamed(call, Fp8Stream{}, pk, buffers);
+      return run(Fp8Stream{});
     case WeightCoding::kInt8:
-      return run_streamed(call, Int8AsFloatStream{}, pk, buffers);
+      return run(Int8AsFloatStream{});
     case WeightCoding::kNvfp4:
     case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
                              ") must be a multiple of its scale group");
-      if (w.coding == WeightCoding::kNvfp4)
-        return run_streamed(call, Fp4Bf16Stream<16>{}, pk, buffers);
-      return run_streamed(call, Fp4Bf16Stream<32>{}, pk, buffers);
+      if (w.coding == WeightCoding::kNvfp4) return run(Fp4Bf16Stream<16>{});
+      return run(Fp4Bf16Stream<32>{});
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }

@@ -11,6 +11,7 @@
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/quant_gemm.h"
+#include "moecore/kernels/weight_tiles.h"
 
 namespace moecore {
 namespace {
@@ -39,12 +40,28 @@ struct Call {
   }
 };
 
-/// bind(c, w, e, r) points tile channel c at row r of expert e's weights (elements of type T).
+/// bind(c, w, e, r) points tile channel c at row r of expert e's weights (elements of type T):
+/// its contract row, or with `tiled` (set by a row that reads w.tiles when w has them) its row in
+/// the weight tiles, whose 64-byte pieces lie kWeightTileRows pieces apart.
 template <class T>
 struct StreamRows {
   const T* row[kMaxChannels] = {};
+  bool tiled = false;
   void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    row[c] = static_cast<const T*>(w.data.at({e, r, 0}));
+    row[c] = static_cast<const T*>(tiled ? static_cast<const void*>(weight_tile_row(w.tiles, e, r))
+                                         : w.data.at({e, r, 0}));
+  }
+  /// Byte `byte` of channel c's row, in either layout.
+  const uint8_t* at(int c, int64_t byte) const {
+    const int piece_shift = tiled ? 8 : 6;  // log2 of the bytes from one piece to the next
+    static_assert(kWeightTileRows * kWeightTilePieceBytes == 1 << 8 && kWeightTilePieceBytes == 64);
+    return reinterpret_cast<const uint8_t*>(row[c]) + ((byte >> 6) << piece_shift) + (byte & 63);
+  }
+  /// The prefetch lead of a walk of `channels`-row tiles: from a byte of a tile's row to the same
+  /// byte of the next tile's (with tiles: of the next group of rows, a tile or two on).
+  int64_t lead(const WeightOperand& w, int channels) const {
+    return tiled ? weight_tile_group_bytes(w.tiles)
+                 : channels * w.data.strides[1] * dtype_size(w.data.dtype);
   }
 };
 

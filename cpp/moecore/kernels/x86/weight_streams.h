@@ -207,7 +207,7 @@ template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
   constexpr int kRows = kWalkRows<C>;
   float* w_scales = call.w_scales;
-  dots.ahead = C * stream_row_stride(dots.stream, call.w);
+  dots.ahead = dots.stream.lead(call.w, C);
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
     const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
     for (int c = 0; c < C; ++c) {

@@ -164,6 +164,8 @@ DeepGemmWeights check_weights(const DeepGemmMoeQuantInfo& q) {
   };
   w.w13 = op(w13, w.n1, w.hidden);
   w.w2 = op(w2, w.hidden, w.inter);
+  attach_weight_tiles(q.weight_tiles.get(), w.w13);
+  attach_weight_tiles(q.weight_tiles.get(), w.w2);
   if (!q.use_fp8) {
     MOECORE_CHECK(!q.w13_scale.defined() && !q.w2_scale.defined(), kApi,
                   ": use_fp8=False (BF16 DeepGEMM) takes no w13_scale/w2_scale");

@@ -116,6 +116,7 @@ ExpertMlp cutedsl_mlp(const CuteDslFp4MoeQuantInfo& q, const Fp4Shapes& s, const
   };
   operand(mlp.gemm1.weight, q.w13_weight, sf13, q.w1_alpha, 2 * s.inter, s.h);
   operand(mlp.gemm2.weight, q.w2_weight, sf2, q.w2_alpha, s.h, s.inter);
+  attach_weight_tiles(q.weight_tiles.get(), mlp);
   mlp.activation = spec;
   mlp.activation.layout = layout;
   mlp.activation.interleave_group = kInterleaveGroup;

@@ -317,6 +317,7 @@ TokenMajorPlan cutlass_plan(const DispatchOutputPtr& dispatch, const QuantInfoPt
                 kApi, ": bad TP/EP topology (tp ", q.moe_tp_rank, "/", q.moe_tp_size, ", ep ",
                 q.moe_ep_rank, "/", q.moe_ep_size, ")");
   resolve_quant_type(q, spec, config, plan);
+  attach_weight_tiles(q.weight_tiles.get(), plan.mlp);
   plan.dispatch = dispatch;
   plan.quant_info = quant_info;
   plan.allow_invalid_id = flashinfer_a2a;

@@ -679,6 +679,8 @@ class Mxfp4FusedRun : public PreparedRun {
     combine_input_ = std::make_shared<StandardCombineInput>(out);
     kernel_layout_ = given_layout ? q.kernel_layout : derive_kernel_layout(moe_);
     attach_kernel_layout(moe_, kernel_layout_);
+    attach_weight_tiles(q.weight_tiles.get(), moe_.w13.kernel);  // tiles of q.kernel_layout's
+    attach_weight_tiles(q.weight_tiles.get(), moe_.w2.kernel);
     if (!eager_) ws_->reserve(moe_, tokens * tokens_.top_k);  // so that replays allocate nothing
   }
 

@@ -46,8 +46,10 @@ ExpertWeights weights_of(const QuantInfoPtr& q, const MoeRunnerConfig& config) {
   auto* info = dynamic_cast<const TorchNativeMoeQuantInfo*>(q.get());
   MOECORE_CHECK_DTYPE(info != nullptr,
                       "MoeRunner(torch_native): expected TorchNativeMoeQuantInfo, got ", q->name());
-  return check_expert_weights("MoeRunner(torch_native)", info->w13_weight, info->w2_weight,
-                              info->b13, info->b2, config.is_gated);
+  ExpertWeights w = check_expert_weights("MoeRunner(torch_native)", info->w13_weight,
+                                         info->w2_weight, info->b13, info->b2, config.is_gated);
+  w.tiles = info->weight_tiles.get();
+  return w;
 }
 
 RunnerInputPtr pre_permute_standard_to_torch_native(const DispatchOutputPtr& dispatch,

@@ -261,14 +261,19 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
   mlp.act_dtype = act_dtype;
   mlp.hidden = w.hidden;
   mlp.inter = w.inter;
+  attach_weight_tiles(q.weight_tiles.get(), mlp);
   return plan;
 }
 
 /// The dims and activation dtype of a payload (validated), for check_routed_tokens.
 ExpertWeights validated_weights(const TritonMoeQuantInfo& q, const MoeRunnerConfig& config,
                                 const Tensor& x) {
-  if (!q.is_quantized())
-    return check_expert_weights(kApi, q.w13_weight, q.w2_weight, q.b13, q.b2, config.is_gated);
+  if (!q.is_quantized()) {
+    ExpertWeights w =
+        check_expert_weights(kApi, q.w13_weight, q.w2_weight, q.b13, q.b2, config.is_gated);
+    w.tiles = q.weight_tiles.get();
+    return w;
+  }
   MOECORE_CHECK(x.defined(), kApi, ": hidden_states is required");
   return make_quant_plan(q, config, x.dtype()).shape;
 }

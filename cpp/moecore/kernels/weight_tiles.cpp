@@ -1,0 +1,78 @@
+#include "moecore/kernels/weight_tiles.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "moecore/core/error.h"
+#include "moecore/core/thread_pool.h"
+
+namespace moecore {
+namespace {
+
+int64_t row_bytes(const TensorView& data) { return data.shape[2] * dtype_size(data.dtype); }
+
+void check_packable(const TensorView& data) {
+  MOECORE_CHECK(data.data != nullptr && data.ndim == 3 && data.strides[2] == 1,
+                "pack_weight_tiles: expected weights [E, N, L] with contiguous rows, got ",
+                data.describe());
+}
+
+}  // namespace
+
+std::vector<int64_t> weight_tiles_shape(const TensorView& data) {
+  check_packable(data);
+  return {data.shape[0], (data.shape[1] + kWeightTileRows - 1) / kWeightTileRows,
+          (row_bytes(data) + kWeightTilePieceBytes - 1) / kWeightTilePieceBytes, kWeightTileRows,
+          kWeightTilePieceBytes};
+}
+
+Tensor pack_weight_tiles(const TensorView& data) {
+  const std::vector<int64_t> shape = weight_tiles_shape(data);
+  Tensor tiles = Tensor::zeros(shape, DType::kU8);
+  const TensorView out = tiles.view();
+  const int64_t n = data.shape[1], bytes = row_bytes(data);
+  parallel_for(data.shape[0], [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e)
+      for (int64_t r = 0; r < n; ++r) {
+        const auto* src = static_cast<const uint8_t*>(data.at({e, r, 0}));
+        uint8_t* dst = const_cast<uint8_t*>(weight_tile_row(out, e, r));
+        for (int64_t j = 0; j < bytes; j += kWeightTilePieceBytes)
+          std::memcpy(dst + j * kWeightTileRows, src + j,
+                      static_cast<size_t>(std::min(kWeightTilePieceBytes, bytes - j)));
+      }
+  });
+  return tiles;
+}
+
+const uint8_t* weight_tile_row(const TensorView& tiles, int64_t e, int64_t r) {
+  return static_cast<const uint8_t*>(tiles.at({e, r / kWeightTileRows, 0, r % kWeightTileRows, 0}));
+}
+
+void WeightTileSet::pack(const Tensor& weights) {
+  if (!weights.defined() || find(weights.view()).data != nullptr) return;
+  entries_.push_back({weights, pack_weight_tiles(weights.view())});
+}
+
+TensorView WeightTileSet::find(const TensorView& data) const {
+  for (const Entry& entry : entries_) {
+    const TensorView& s = entry.source.view();
+    if (s.data == data.data && s.dtype == data.dtype && s.shape_vector() == data.shape_vector() &&
+        std::equal(s.strides, s.strides + s.ndim, data.strides))
+      return entry.tiles.view();
+  }
+  return {};
+}
+
+std::vector<Tensor> WeightTileSet::tiles() const {
+  std::vector<Tensor> out;
+  for (const Entry& entry : entries_) out.push_back(entry.tiles);
+  return out;
+}
+
+void attach_weight_tiles(const WeightTileSet* set, WeightOperand& w) {
+  w.tiles = set != nullptr ? set->find(w.data) : TensorView{};
+}
+
+int64_t weight_tile_group_bytes(const TensorView& tiles) { return tiles.strides[1]; }
+
+}  // namespace moecore

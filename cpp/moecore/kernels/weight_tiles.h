@@ -1,0 +1,60 @@
+// Weight tiles: the kernels' prepacked copy of a weight operand's codes (DESIGN.md §4, Weights),
+// made once when the weights are processed and kept beside the backend-contract layout, which
+// tests inspect and every other kernel row reads.
+//
+// The rows of each expert go in groups of kWeightTileRows (the channels of a decode tile), and
+// the rows of a group are interleaved in 64-byte pieces: piece p of every row of group t, then
+// piece p + 1, … So a tile's channels, which the contract layout keeps a whole row apart (several
+// short streams that the hardware prefetcher picks up late), become one sequential stream, and
+// consecutive tiles follow each other. The bytes are the stored codes, unchanged (fp4 stays
+// packed, fp8 and int8 one byte, bf16 two): a kernel reads the same values from either layout,
+// so results never depend on which one it was given. For data [E, N, L] with rows of
+// B = L · element-size bytes, the tiles are u8 [E, ⌈N/4⌉, ⌈B/64⌉, 4, 64]; byte j of row r of
+// expert e sits at [e, r / 4, j / 64, r % 4, j % 64]. Bytes past a row's end, and the rows past N
+// of the last group, are zero.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moecore/core/tensor.h"
+#include "moecore/kernels/quant_gemm.h"
+
+namespace moecore {
+
+constexpr int64_t kWeightTileRows = 4;
+constexpr int64_t kWeightTilePieceBytes = 64;
+
+/// The tile shape of `data` ([E, N, L], its last dimension contiguous).
+std::vector<int64_t> weight_tiles_shape(const TensorView& data);
+/// `data` in the tile layout (all threads of the pool copy experts at once).
+Tensor pack_weight_tiles(const TensorView& data);
+
+/// The weight tiles of a layer's weights, each beside the tensor it was packed from (which it
+/// keeps alive), so that an operand gets tiles only of the very codes it views.
+class WeightTileSet {
+ public:
+  /// Packs `weights` (an undefined tensor, or one already packed, adds nothing).
+  void pack(const Tensor& weights);
+  /// The tiles packed from the tensor `data` views (same data, dtype, shape and strides), or a
+  /// view with data == nullptr.
+  TensorView find(const TensorView& data) const;
+  /// Every tiles tensor, in packing order.
+  std::vector<Tensor> tiles() const;
+
+ private:
+  struct Entry {
+    Tensor source, tiles;
+  };
+  std::vector<Entry> entries_;
+};
+
+/// w.tiles = the tiles of w's codes in `set` (nullptr, or none of w's: w reads its data only).
+void attach_weight_tiles(const WeightTileSet* set, WeightOperand& w);
+
+/// The first byte of row r of expert e in `tiles`; its piece p is p · 4 · 64 bytes on.
+const uint8_t* weight_tile_row(const TensorView& tiles, int64_t e, int64_t r);
+/// Bytes of one group of rows of `tiles` (from a row to the same row slot one group on).
+int64_t weight_tile_group_bytes(const TensorView& tiles);
+
+}  // namespace moecore
