@@ -45,9 +45,12 @@ TEST(WeightTilesTest, ASetFindsTilesByTheTensorTheyWerePackedFrom) {
   ASSERT_EQ(set.tiles().size(), 1u);
   EXPECT_EQ(set.find(a.view()).data, set.tiles()[0].view().data);
   EXPECT_EQ(set.find(b.view()).data, nullptr);  // same shape, other codes
-  TensorView same_bytes_other_dtype = a.view();
-  same_bytes_other_dtype.dtype = DType::kU8;
-  EXPECT_EQ(set.find(same_bytes_other_dtype).data, nullptr);
+  TensorView same_bytes_retagged = a.view();    // the same bytes under another 1-byte tag
+  same_bytes_retagged.dtype = DType::kU8;
+  EXPECT_EQ(set.find(same_bytes_retagged).data, set.tiles()[0].view().data);
+  TensorView wider_elements = a.view();
+  wider_elements.dtype = DType::kBF16;
+  EXPECT_EQ(set.find(wider_elements).data, nullptr);
   WeightOperand w;
   w.data = b.view();
   attach_weight_tiles(&set, w);

@@ -56,7 +56,8 @@ void WeightTileSet::pack(const Tensor& weights) {
 TensorView WeightTileSet::find(const TensorView& data) const {
   for (const Entry& entry : entries_) {
     const TensorView& s = entry.source.view();
-    if (s.data == data.data && s.dtype == data.dtype && s.shape_vector() == data.shape_vector() &&
+    if (s.data == data.data && dtype_size(s.dtype) == dtype_size(data.dtype) &&
+        s.shape_vector() == data.shape_vector() &&
         std::equal(s.strides, s.strides + s.ndim, data.strides))
       return entry.tiles.view();
   }

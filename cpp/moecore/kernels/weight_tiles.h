@@ -36,8 +36,9 @@ class WeightTileSet {
  public:
   /// Packs `weights` (an undefined tensor, or one already packed, adds nothing).
   void pack(const Tensor& weights);
-  /// The tiles packed from the tensor `data` views (same data, dtype, shape and strides), or a
-  /// view with data == nullptr.
+  /// The tiles packed from the tensor `data` views (same data, element size, shape and strides:
+  /// the same bytes, whatever dtype tag a backend views them with, as the MXFP4 one retags packed
+  /// fp4 as u8), or a view with data == nullptr.
   TensorView find(const TensorView& data) const;
   /// Every tiles tensor, in packing order.
   std::vector<Tensor> tiles() const;
