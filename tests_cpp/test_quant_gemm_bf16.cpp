@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -289,6 +290,43 @@ TEST_P(QuantGemmBf16Test, ColumnBlocksDecodedOnceGiveTheStreamedBits) {
   }
 }
 
+// Calls long in each direction: more rows than a chunk of the float tiles (256), more columns than
+// their super block (512, then a partial tile pair), K over several of their slices (16 steps), so
+// unfinished scale blocks carry across slices. Every output equals the reference within tolerance
+// and its row's call alone bit for bit, and two column ranges on another thread give the same bits.
+TEST_P(QuantGemmBf16Test, LongCallsAcrossRowChunksColumnBlocksAndKSlices) {
+  const auto [row, c] = GetParam();
+  std::mt19937 rng(17);
+  const bool fp4 = c == Case::kNvfp4 || c == Case::kMxfp4;
+  const ScaledGemmFn kernel = row.kernel();
+  const int64_t e = 1;
+  for (auto [m, n, k] : {std::array<int64_t, 3>{260, 40, fp4 ? 1120 : 1100},
+                         std::array<int64_t, 3>{33, 530, fp4 ? 576 : 550}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << row.name() << " " << case_name(c) << " m=" << m << " n=" << n << " k=" << k);
+    const Operand op = make_operand(rng, c, n, k);
+    const Activations a = make_activations(rng, c, m, op.w);
+    std::vector<float> out(m * n), ref(m * n), split(m * n);
+    kernel(a.view, m, op.w, e, 0, n, out.data(), n);
+    scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
+    const std::vector<double> magnitude = term_magnitudes(a.view, m, op.w, e);
+    for (int64_t i = 0; i < m * n; ++i)
+      ASSERT_NEAR(out[i], ref[i], kTolerance * (1.0 + magnitude[i])) << i;
+    for (int64_t r :
+         {int64_t{0}, std::min<int64_t>(255, m / 2), std::min<int64_t>(256, m - 1), m - 1}) {
+      std::vector<float> alone(n);
+      kernel(row_alone(a.view, r), 1, op.w, e, 0, n, alone.data(), n);
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(alone[j], out[r * n + j]) << "row " << r;
+    }
+    const int64_t n1 = n / 2 + 5;
+    std::thread([&] {
+      kernel(a.view, m, op.w, e, 0, n1, split.data(), n);
+      kernel(a.view, m, op.w, e, n1, n - n1, split.data() + n1, n);
+    }).join();
+    for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(split[i], out[i]) << i;
+  }
+}
+
 TEST_P(QuantGemmBf16Test, ActivationsNotBf16ExactRunTheCanonicalRow) {
   const auto [row, c] = GetParam();
   if (c == Case::kInt8Int8) GTEST_SKIP() << "int8 codes are exact at every level";
@@ -465,6 +503,17 @@ TEST(QuantGemmBf16RowTest, KernelRowsAreNamedAfterTheirLevel) {
   if (tiles != scaled_gemm_kernel(IsaLevel::kAmx, false))
     EXPECT_STREQ(scaled_gemm_kernel_name(tiles), "amx_float_tiles");
   EXPECT_THROW(scaled_gemm_kernel_name(nullptr), InternalError);
+}
+
+// Only the float tiles ask for wide calls (512 weight rows); every streamed row takes any width.
+TEST(QuantGemmBf16RowTest, OnlyTheFloatTilesAskForWideCalls) {
+  for (IsaLevel level : available_isa_levels())
+    EXPECT_EQ(scaled_gemm_min_call_columns(scaled_gemm_kernel(level, false)), 0)
+        << isa_level_name(level);
+  const ScaledGemmFn tiles = scaled_gemm_kernel(IsaLevel::kAmx, true);
+  if (tiles != scaled_gemm_kernel(IsaLevel::kAmx, false))
+    EXPECT_EQ(scaled_gemm_min_call_columns(tiles), 512);
+  EXPECT_THROW(scaled_gemm_min_call_columns(nullptr), InternalError);
 }
 
 std::vector<std::tuple<Bf16Row, Case>> params() {

@@ -8,6 +8,7 @@ and batch invariance, and a bad-input table.
 from __future__ import annotations
 
 import re
+import zlib
 
 import ml_dtypes
 import moecore
@@ -72,16 +73,21 @@ ACTS = [("silu", True), ("gelu", True), ("relu2", False)]
     "t,e,h,i,k", [(1, 4, 32, 16, 1), (7, 5, 48, 32, 2), (64, 8, 64, 48, 3)], ids=["T1", "T7", "T64"]
 )
 def test_matches_reference(quant_type, act, gated, t, e, h, i, k):
-    rng = np.random.default_rng(hash((quant_type, act, t)) % 2**32)
+    # A seed of the parameters that is the same in every process (hash() of a str is not).
+    rng = np.random.default_rng(zlib.crc32(f"{quant_type}-{act}-{t}".encode()))
     p = _make(quant_type, rng, t, e, h, i, k, gated=gated)
     out = N.run_runner(BACKEND, p, Info(**p["kwargs"]), activation=act, is_gated=gated)
     ref = _ref(p, activation=act, is_gated=gated)
     want_dtype = BF16 if quant_type == "fp4" else p["x"].dtype
     assert out.dtype == want_dtype and out.shape == (t, h)
     assert_close(to_f32(out), ref, "bf16")
-    # The scalar reference and its twin agree bit for bit in practice (same fp32 order);
-    # only libm exp/erf could flip a last bit.
-    assert np.mean(to_f32(out) == ref) > 0.99
+    # The scalar row and its twin agree bit for bit in practice (the same fp32 order; only libm
+    # exp/erf could flip a last bit). Faster levels sum in another order, and an intermediate
+    # rounded to bf16 carries a last-bit difference to many outputs.
+    scalar = N.run_runner(
+        BACKEND, p, Info(**p["kwargs"]), activation=act, is_gated=gated, isa_level="scalar"
+    )
+    assert np.mean(to_f32(scalar) == ref) > 0.99
 
 
 @pytest.mark.parametrize("x_dtype", [np.float32, np.float16, BF16], ids=["f32", "f16", "bf16"])

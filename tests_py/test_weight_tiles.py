@@ -1,7 +1,8 @@
 """Weight tiles (kernels/weight_tiles.h): the weights prepacked at load into one stream per decode
-tile. Every runner path gives the same bits with and without them, at every ISA level; the rows
-that stream tiles (avx512_bf16, amx) really read them; FusedMoE packs them when it processes its
-weights unless MoeRunnerConfig.prepack_weight_tiles is False."""
+tile. Every runner path gives the same bits with and without them, at every ISA level; the kernel
+rows that stream tiles (avx512_bf16, amx; not the opt-in AMX float tiles) really read them;
+FusedMoE packs them when it processes its weights unless MoeRunnerConfig.prepack_weight_tiles is
+False."""
 
 import ml_dtypes
 import numpy as np
@@ -12,15 +13,18 @@ from moecore._bench.workloads import Shape, build_layer, make_tokens
 
 SHAPE = Shape("tiles", experts=4, top_k=2, hidden=256, inter=128)
 FORMATS = ["bf16", "fp8", "nvfp4", "mxfp4", "int8"]
-TILE_LEVELS = {"avx512_bf16", "amx"}
+TILE_KERNELS = {"avx512_bf16", "amx"}  # runner.config.gemm_kernel of the rows that read tiles
+
+
+def _runner(layer, level):
+    return moecore.MoeRunner(layer.backend, moecore.MoeRunnerConfig(inplace=False, isa_level=level))
 
 
 def _run(layer, m, level):
     rng = np.random.default_rng(5)
     x, w, ids = make_tokens(rng, SHAPE, m)
     d = moecore.StandardDispatchOutput(x, topk_output=moecore.StandardTopKOutput(w, ids))
-    runner = moecore.MoeRunner(layer.backend, moecore.MoeRunnerConfig(inplace=False, isa_level=level))
-    return np.asarray(runner.run(d, layer.quant_info).hidden_states).copy()
+    return np.asarray(_runner(layer, level).run(d, layer.quant_info).hidden_states).copy()
 
 
 @pytest.mark.parametrize("level", moecore.available_isa_levels())
@@ -41,7 +45,7 @@ def test_tiles_give_the_contract_layouts_bits_and_are_read(fmt, level):
     for t in tiles:
         t[...] = 0
     changed = not np.array_equal(_run(tiled, 1, level), _run(plain, 1, level))
-    assert changed == (level in TILE_LEVELS)
+    assert changed == (_runner(tiled, level).config.gemm_kernel in TILE_KERNELS)
 
 
 def _bf16_layer(**config):
@@ -62,7 +66,7 @@ def _bf16_layer(**config):
 def test_fused_moe_packs_tiles_when_processing_unless_told_not_to():
     packed, plain = _bf16_layer(), _bf16_layer(prepack_weight_tiles=False)
     assert plain.quant_method.weight_tiles is None
-    reads = moecore.detected_isa_level() in TILE_LEVELS
+    reads = moecore.MoeRunner("triton", moecore.MoeRunnerConfig()).config.gemm_kernel in TILE_KERNELS
     if not reads:
         assert packed.quant_method.weight_tiles is None
         return

@@ -198,12 +198,13 @@ struct KernelRow {
   size_t (*scratch_bytes)(const WeightOperand& w);
   bool amx_float_tiles = false;     // taken only when asked for
   bool reads_weight_tiles = false;  // streams WeightOperand::tiles when given
+  int64_t min_call_columns = 0;     // see scaled_gemm_min_call_columns
 };
 
 constexpr KernelRow kKernelRows[] = {
 #ifdef MOECORE_COMPILED_AMX
     {scaled_gemm_amx_tiles, IsaLevel::kAmx, "amx_float_tiles", scaled_gemm_amx_tiles_scratch_bytes,
-     true},
+     true, false, kAmxTilesSuperColumns},
     {scaled_gemm_amx, IsaLevel::kAmx, "amx", scaled_gemm_amx_scratch_bytes, false, true},
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
@@ -239,6 +240,10 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level) {
 
 bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel) {
   return kernel_row(kernel, "scaled_gemm_reads_weight_tiles").reads_weight_tiles;
+}
+
+int64_t scaled_gemm_min_call_columns(ScaledGemmFn kernel) {
+  return kernel_row(kernel, "scaled_gemm_min_call_columns").min_call_columns;
 }
 
 const char* scaled_gemm_kernel_name(ScaledGemmFn kernel) {

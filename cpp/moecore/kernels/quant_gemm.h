@@ -170,12 +170,17 @@ using ScaledGemmFn = void (*)(const ActivationCodes& a, int64_t m, const WeightO
 /// AMX tiles (scaled_gemm_amx_tiles) when `amx_float_tiles`, else as at avx512_bf16.
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level, bool amx_float_tiles);
 /// The same with amx_float_tiles from MOECORE_AMX_FLOAT_TILES (default off: the tiles make
-/// prefill 2.4–3.4× faster but decode slower; README, Kernels), read at each call. Runners build
+/// prefill faster but decode slower; README, Kernels), read at each call. Runners build
 /// with MoeRunnerConfig::gemm_kernel(), which a MoeRunner fixes when it is built.
 ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
 
 /// Whether row `kernel` streams an operand's weight tiles when it has them (WeightOperand::tiles).
 bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel);
+
+/// The fewest weight rows (output columns) a call of row `kernel` should cover, where a schedule
+/// can give it that many; 0 when any width suits it. The AMX float tiles pack a call's activation
+/// rows once per 512 weight rows, so narrower calls spend more on packing than on the tiles.
+int64_t scaled_gemm_min_call_columns(ScaledGemmFn kernel);
 
 /// The name of row `kernel` (a row of this build): its ISA level's name ("scalar" … "amx"), or
 /// "amx_float_tiles".
@@ -217,6 +222,9 @@ size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w);
 void scaled_gemm_amx_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                            int64_t n0, int64_t n, float* out, int64_t ldo);
 size_t scaled_gemm_amx_tiles_scratch_bytes(const WeightOperand& w);
+/// Weight rows per super block of scaled_gemm_amx_tiles, which packs a call's activation rows
+/// once per super block: its scaled_gemm_min_call_columns.
+constexpr int64_t kAmxTilesSuperColumns = 512;
 #endif
 
 }  // namespace moecore

@@ -331,18 +331,20 @@ T* grown(std::vector<T>& v, int64_t n) {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The work items of one GEMM over `columns` output columns (column_bytes weight bytes each):
-// each hit expert's columns in equal blocks (multiples of `align`), small enough for L2 and
-// numerous enough that `parts` threads all work when few experts are hit; then part_begin cuts
-// the items into `parts` contiguous runs of near-equal cost. Blocks only decide who computes an
-// output, never how, so they do not change any result.
+// each hit expert's columns in equal blocks (multiples of `align`, and of at least min_columns
+// where the columns allow), small enough for L2 and numerous enough that `parts` threads all work
+// when few experts are hit; then part_begin cuts the items into `parts` contiguous runs of
+// near-equal cost. Blocks only decide who computes an output, never how, so they do not change
+// any result.
 void plan_items(const ExpertRowMap& rows, int64_t columns, int64_t column_bytes, int64_t align,
-                int parts, std::vector<ExpertWorkspace::Item>& items,
+                int64_t min_columns, int parts, std::vector<ExpertWorkspace::Item>& items,
                 std::vector<int64_t>& part_begin) {
   int64_t hit = 0;
   for (int64_t e = 0; e < rows.num_experts(); ++e) hit += rows.offsets[e + 1] > rows.offsets[e];
   const int64_t by_cache = ceil_div(columns * column_bytes, kBlockWeightBytes);
   const int64_t by_threads = hit > 0 ? ceil_div(2 * parts, hit) : 1;
-  const int64_t blocks = std::min(std::max(by_cache, by_threads), ceil_div(columns, align));
+  const int64_t blocks =
+      std::min(std::max(by_cache, by_threads), ceil_div(columns, std::max(align, min_columns)));
   const int64_t cols = ceil_div(ceil_div(columns, blocks), align) * align;
   items.clear();
   int64_t total = 0;
@@ -505,8 +507,8 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
   ActivationSpec rounded = mlp.activation;
   rounded.round_dtype = mlp.act_dtype;
   const int64_t w1_bytes = weight_row_bytes(g1.weight) * (n1 / inter);
-  plan_items(rows, inter, w1_bytes, gemm1_column_align(mlp, quantize2), schedule_parts(), ws.items_,
-             ws.part_begin_);
+  plan_items(rows, inter, w1_bytes, gemm1_column_align(mlp, quantize2),
+             scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_, ws.part_begin_);
   float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n1);
   for_each_item(
       in, rows, ws.items_, ws.part_begin_, ws.scratch_,
@@ -549,8 +551,8 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
   const bool quantized_in_gemm1 = g2.quantize && g2.quantize_segment > 0;
   const ActivationCodes in =
       input_codes(g2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_, quantized_in_gemm1);
-  plan_items(rows, n, weight_row_bytes(g2.weight), kColumnAlign, schedule_parts(), ws.items_,
-             ws.part_begin_);
+  plan_items(rows, n, weight_row_bytes(g2.weight), kColumnAlign,
+             scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_, ws.part_begin_);
   float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n);
   for_each_item(in, rows, ws.items_, ws.part_begin_, ws.scratch_,
                 [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {

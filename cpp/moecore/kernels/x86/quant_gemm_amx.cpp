@@ -1,23 +1,16 @@
 // amx row of the scaled-GEMM table (built with AMX flags; reach it only through
-// scaled_gemm_kernel, which the ISA level offers only where the OS granted AMX). Weights are the A
-// operand (16 weight rows × one 64-byte K step per tile) and activation rows the B operand, put in
-// VNNI order once per chunk of rows (dword j of B row p holds activation row j's codes of K pair
-// or quad p); a C tile holds 16 weight rows × up to 16 activation rows. Each K block of the
-// weight's scale grid accumulates in its own C tiles, which fold with the scales in
+// scaled_gemm_kernel, which the ISA level offers only where the OS granted AMX). Each K block of
+// the weight's scale grid accumulates in its own C tiles, which fold with the scales in
 // scaled_gemm_ref's order: ((dot_b · sa[r, b]) · sw[c, b]) summed over b in order, then · alpha.
 //
 // bf16-exact operands, opt-in (scaled_gemm_amx_tiles, MOECORE_AMX_FLOAT_TILES), at every M:
-// TDPBF16PS. bf16 weights are loaded into A tiles straight from
-// the contract layout; other codings are decoded per K step (load_bf16x32, exactly the vectors the
-// avx512_bf16 row multiplies) into a two-step ring of A tiles in L1, the next step decoded while
-// the tiles multiply the current one (each weight row read once per chunk of rows). A chunk of more
-// than two row tiles decodes each pair of weight tiles once for the whole of K into working memory
-// and reuses it for every pair of row tiles. Each output's sum is the hardware's over its own
-// weight row and activation row, step by step in K order, whatever M, the chunking, the column
-// split or the thread: batch invariant, but not the VDPBF16PS lane order of the avx512_bf16 row
-// (equal within the fp32 tolerance). Prefill runs 2.4–3.4× faster than the avx512_bf16 row, decode
-// up to 1.5× slower (README, Kernels), so scaled_gemm_amx itself runs the avx512_bf16 row on these
-// operands.
+// TDPBF16PS with activation rows as the A operand and weights, decoded once per chunk of rows
+// into VNNI tiles, as the B operand (section below). Each output's sum is the hardware's over its
+// own weight row and activation row, step by step in K order, whatever M, the chunking, the
+// column split or the thread: batch invariant, but not the VDPBF16PS lane order of the
+// avx512_bf16 row (equal within the fp32 tolerance). Prefill runs faster than on the avx512_bf16
+// row, decode slower (README, Kernels), so scaled_gemm_amx itself runs the avx512_bf16 row on
+// these operands.
 //
 // int8 × int8 codes of at least kPackedIntegerMinRows rows: TDPBSSD (exact int32, so bitwise equal
 // to every other row) on weight rows packed (int8 codes as stored) per block of kColumns rows, in
@@ -31,11 +24,10 @@
 namespace moecore {
 namespace {
 
-// Every tile is 16 rows × 64 bytes: A = 16 weight rows × one K step; B = one K step of 16
-// activation rows in VNNI order (dword r of B row p holds activation row r's codes of K quad p);
-// C = 16 weight rows × 16 activation rows of int32 results.
-// Tiles 0-3: C of the 2 × 2 block (weight tile i, activation tile j → tile 2i + j); 4-5: A;
-// 6-7: B.
+// Every tile is 16 rows × 64 bytes. The int8 × int8 path: A = 16 weight rows × one K step; B = one
+// K step of 16 activation rows in VNNI order (dword r of B row p holds activation row r's codes of
+// K quad p); C = 16 weight rows × 16 activation rows of int32 results. Tiles 0-3: C of the 2 × 2
+// block (weight tile i, activation tile j → tile 2i + j); 4-5: A; 6-7: B.
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
   uint8_t start_row = 0;
@@ -153,19 +145,20 @@ void tile_block(const uint8_t* a0, const uint8_t* a1, int64_t stride, const uint
   }
 }
 
-// Folds K block b's results c (16 rows from activation row r, of which `rows` are real, × 16
-// weight rows with block-b scales sw, `columns` mask the real ones; int32 or fp32 sums) into out
-// per the formula with scaled_gemm_ref's operation order, one row of 16 outputs at a time.
+// Folds K block b's results c (16 rows from activation row r, ldc sums apart, of which `rows` are
+// real, × 16 weight rows with block-b scales sw, `columns` mask the real ones; int32 or fp32 sums)
+// into out per the formula with scaled_gemm_ref's operation order, one row of 16 outputs at a time.
 template <typename Sum>
-void fold_tile(const Sum* c, const ActivationCodes& a, int64_t r, int64_t rows, const float* sw,
-               __mmask16 columns, int64_t b, int64_t nb, float alpha, float* out, int64_t ldo) {
+void fold_tile(const Sum* c, int64_t ldc, const ActivationCodes& a, int64_t r, int64_t rows,
+               const float* sw, __mmask16 columns, int64_t b, int64_t nb, float alpha, float* out,
+               int64_t ldo) {
   const __m512 w_scale = _mm512_loadu_ps(sw);
   for (int64_t i = 0; i < rows; ++i) {
     __m512 part;
     if constexpr (std::is_same_v<Sum, int32_t>)
-      part = _mm512_cvtepi32_ps(_mm512_load_si512(c + i * kTileRows));
+      part = _mm512_cvtepi32_ps(_mm512_load_si512(c + i * ldc));
     else
-      part = _mm512_load_ps(c + i * kTileRows);
+      part = _mm512_load_ps(c + i * ldc);
     part = _mm512_mul_ps(part, _mm512_set1_ps(a.scale(r + i, b)));
     part = _mm512_mul_ps(part, w_scale);
     float* o = out + i * ldo;
@@ -223,7 +216,8 @@ void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int
               const int32_t* tile = c + (b_tiles * ti + tj) * kTileRows * kTileRows;
               transpose_16x16(reinterpret_cast<const uint8_t*>(tile), kStepBytes,
                               reinterpret_cast<uint8_t*>(by_row));
-              fold_tile(by_row, a, r, std::min(kTileRows, m - r), w_scales + b * kColumns + col,
+              fold_tile(by_row, kTileRows, a, r, std::min(kTileRows, m - r),
+                        w_scales + b * kColumns + col,
                         static_cast<__mmask16>((1u << real_cols) - 1), b, nb, alpha,
                         out + r * ldo + c0 + col, ldo);
             }
@@ -246,37 +240,53 @@ void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand&
 }
 
 // ---- bf16-exact operands: TDPBF16PS --------------------------------------------------------
+//
+// Activation rows are the A operand (16 rows × one 64-byte K step per tile, loaded as they lie in
+// a slice of padded bf16 rows) and weights the B operand, in VNNI order (dword n of B row p: weight
+// row n's K pair p): each weight tile's K steps are decoded (load_bf16x32) and transposed once per
+// chunk of activation rows into L1, where every row tile of the chunk reuses them. C tiles are
+// 16 activation rows × 16 weight rows, in the output's own order. K runs in slices of kSliceSteps
+// steps; a scale block longer than a slice carries its C tiles across slices through working
+// memory (fp32 stores and loads, exact), so each output's sum is the hardware's over its own rows,
+// step by step in K order, whatever M, the chunking, the column split or the thread.
 
-// Activation rows put in B tiles at a time: their tiles (2·K bytes per row) stay in L2 while every
-// weight tile pair of the call passes over them.
-constexpr int64_t kFloatRowChunk = 64;
-// Chunks of up to this many rows (two row tiles) multiply each weight step as it is decoded;
-// longer chunks decode a weight tile pair once for all of K and reuse it for each row-tile pair.
-constexpr int64_t kStreamedMaxRows = 2 * kTileRows;
+// Activation rows per chunk: the weights are decoded once per chunk.
+constexpr int64_t kFloatRowChunk = 256;
+// K steps per slice: a slice of the chunk's activation rows (272 KiB) stays in L2, a weight tile
+// pair's (2 × 16 KiB) in L1.
+constexpr int64_t kSliceSteps = 16;
+// Activation rows of a slice lie this far apart: a line more than their bytes, so that a tile's
+// 16 rows do not share a few cache sets.
+constexpr int64_t kSliceBytes = (kSliceSteps + 1) * kStepBytes;
+// Weight rows per super block: the activation slice is packed once per super block, and the C
+// tiles of its unfinished scale blocks stay in working memory (512 KiB at 256 rows).
+constexpr int64_t kSuperColumns = kAmxTilesSuperColumns;
 constexpr int64_t kPairRows = 2 * kTileRows;  // weight rows per tile pair
 
-// The tile configuration for weight tiles 0-1 (A: tiles 4, 5) against row tiles of m0 and m1
-// real rows (B: tiles 6, 7; m1 = 0 for one row tile): C tile 2i + j = weight tile i × row tile j,
-// configured m_j columns wide, so no padding column is read or multiplied. Unused tiles stay
-// unconfigured (0 × 0), as the palette requires.
-TileConfig float_tile_config(int64_t m0, int64_t m1) {
+// The tile configuration for row tiles of h0 and h1 real rows (A: tiles 4, 5; h1 = 0 for one row
+// tile) against `weight_tiles` weight tiles (B: tiles 6, 7): C tile 2j + i = row tile j × weight
+// tile i, h_j rows high, so no padding row is read or multiplied. Unused tiles stay unconfigured
+// (0 × 0), as the palette requires.
+TileConfig float_tile_config(int64_t h0, int64_t h1, int weight_tiles) {
   TileConfig config;
   for (int t = 0; t < 16; ++t) {
     config.rows[t] = 0;
     config.colsb[t] = 0;
   }
-  const int64_t widths[2] = {m0, m1};
+  const int64_t heights[2] = {h0, h1};
   for (int j = 0; j < 2; ++j) {
-    if (widths[j] == 0) continue;
-    const auto bytes = static_cast<uint16_t>(4 * widths[j]);
-    for (int t : {j, 2 + j, 6 + j}) {
-      config.rows[t] = kTileRows;
-      config.colsb[t] = bytes;
+    if (heights[j] == 0) continue;
+    const auto rows = static_cast<uint8_t>(heights[j]);
+    config.rows[4 + j] = rows;
+    config.colsb[4 + j] = kStepBytes;
+    for (int i = 0; i < weight_tiles; ++i) {
+      config.rows[2 * j + i] = rows;
+      config.colsb[2 * j + i] = kStepBytes;
     }
   }
-  for (int t : {4, 5}) {
-    config.rows[t] = kTileRows;
-    config.colsb[t] = kStepBytes;
+  for (int i = 0; i < weight_tiles; ++i) {
+    config.rows[6 + i] = kTileRows;
+    config.colsb[6 + i] = kStepBytes;
   }
   return config;
 }
@@ -286,22 +296,20 @@ int64_t tile_rows(int64_t m, int64_t t) { return std::min(kTileRows, m - t * kTi
 
 // The float path's working memory, one layout for every call on the weight operand.
 struct FloatBuffers {
-  uint8_t* b_tiles;   // [kFloatRowChunk / 16, steps] B tiles; tile t's rows 4·rows(t) bytes apart
-  uint8_t* rows;      // [16, row_bytes]: a row tile's activation rows as padded bf16 codes
-  uint8_t* ring;      // [2 steps][2 tiles] decoded A tiles (streamed chunks)
-  uint8_t* block;     // [2 tiles][steps] decoded A tiles (longer chunks)
-  float* sums;        // [4][16 × 16] C tiles as stored
-  float* by_row;      // [16 × 16] one C tile in activation-row order
-  float* w_scales;    // [nb, kPairRows]
+  uint8_t* act;       // [kFloatRowChunk, kSliceBytes]: a slice of the chunk's rows, padded bf16
+  uint8_t* b_tiles;   // [2 weight tiles, kSliceSteps] VNNI B tiles of the pair's slice
+  uint8_t* stage;     // [16, kStepBytes]: one step of a weight tile's rows, decoded
+  float* carried;     // [kFloatRowChunk, kSuperColumns]: C tiles of scale blocks not finished
+  float* sums;        // [4][16 × 16]: C tiles of a finished block, as stored
+  float* w_scales;    // [nb, kSuperColumns]
   float* row_scales;  // [nb]
   FloatBuffers(ScratchCarver& s, const PaddedK& pk)
-      : b_tiles(s.take<uint8_t>(kFloatRowChunk * pk.row_bytes())),
-        rows(s.take<uint8_t>(kTileRows * pk.row_bytes())),
-        ring(s.take<uint8_t>(4 * kTileBytes)),
-        block(s.take<uint8_t>(2 * pk.steps() * kTileBytes)),
+      : act(s.take<uint8_t>(kFloatRowChunk * kSliceBytes)),
+        b_tiles(s.take<uint8_t>(2 * kSliceSteps * kTileBytes)),
+        stage(s.take<uint8_t>(kTileBytes)),
+        carried(s.take<float>(kFloatRowChunk * kSuperColumns)),
         sums(s.take<float>(4 * kTileRows * kTileRows)),
-        by_row(s.take<float>(kTileRows * kTileRows)),
-        w_scales(s.take<float>(pk.num_blocks * kPairRows)),
+        w_scales(s.take<float>(pk.num_blocks * kSuperColumns)),
         row_scales(s.take<float>(pk.num_blocks)) {}
 };
 
@@ -311,80 +319,34 @@ size_t float_scratch_bytes(const PaddedK& pk) {
   return sizing.bytes();
 }
 
-// Activation rows [0, m ≤ kFloatRowChunk) as B tiles: row tile t, step s at
-// b_tiles + (t · steps + s) · 1 KiB, B row p (K pair p of the step) 4 · tile_rows(t) bytes long.
-void pack_float_activation_tiles(const ActivationCodes& a, int64_t m, const PaddedK& pk,
-                                 const FloatBuffers& buffers) {
-  const int64_t steps = pk.steps(), row_bytes = pk.row_bytes();
-  for (int64_t t = 0; t * kTileRows < m; ++t) {
-    const int64_t rows = tile_rows(m, t);
-    for (int64_t j = 0; j < rows; ++j)
-      pack_codes_row(a.row(t * kTileRows + j), pk, CodeType::kBf16, buffers.rows + j * row_bytes);
-    for (int64_t s = 0; s < steps; ++s) {
-      uint8_t* tile = buffers.b_tiles + (t * steps + s) * kTileBytes;
-      if (rows == kTileRows) {
-        transpose_16x16(buffers.rows + s * kStepBytes, row_bytes, tile);
-        continue;
-      }
-      auto* pairs = reinterpret_cast<uint32_t*>(tile);
-      for (int64_t j = 0; j < rows; ++j) {
-        const auto* src = reinterpret_cast<const uint32_t*>(buffers.rows + j * row_bytes) + s * 16;
-        for (int64_t p = 0; p < 16; ++p) pairs[p * rows + j] = src[p];
-      }
+// Steps [s0, s1) of activation rows [0, m) as bf16 codes, row r at act + r · kSliceBytes (each K
+// block padded with zeros to whole steps, as PaddedK lays out a row).
+void pack_activation_slice(const ActivationCodes& a, int64_t m, const PaddedK& pk, int64_t s0,
+                           int64_t s1, uint8_t* act) {
+  const int64_t block_steps = pk.block_steps(0);
+  for (int64_t r = 0; r < m; ++r) {
+    const float* src = a.row(r);
+    uint8_t* dst = act + r * kSliceBytes;
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t b = s / block_steps, i = s - b * block_steps;
+      const int64_t k = b * pk.block_k + 32 * i, len = pk.block_len(b) - 32 * i;
+      const __m512 lo = _mm512_maskz_loadu_ps(avx512::tail_mask(len), src + k);
+      const __m512 hi =
+          _mm512_maskz_loadu_ps(avx512::tail_mask(std::max<int64_t>(len - 16, 0)), src + k + 16);
+      _mm512_store_si512(dst + (s - s0) * kStepBytes, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
 }
 
-// One K step of the 2 × 2 tile block (kWeightTiles weight tiles × kRowTiles row tiles): A tiles
-// at a[i] (rows a_stride bytes apart), B tiles at b[j] (rows b_stride[j] apart).
-template <int kWeightTiles, int kRowTiles>
-inline void float_tile_step(const uint8_t* const (&a)[2], int64_t a_stride,
-                            const uint8_t* const (&b)[2], const int64_t (&b_stride)[2]) {
-  _tile_loadd(4, a[0], a_stride);
-  if constexpr (kWeightTiles == 2) _tile_loadd(5, a[1], a_stride);
-  _tile_loadd(6, b[0], b_stride[0]);
-  if constexpr (kRowTiles == 2) _tile_loadd(7, b[1], b_stride[1]);
-  // (The tile numbers are the intrinsics' immediates.)
-  _tile_dpbf16ps(0, 4, 6);
-  if constexpr (kRowTiles == 2) _tile_dpbf16ps(1, 4, 7);
-  if constexpr (kWeightTiles == 2) {
-    _tile_dpbf16ps(2, 5, 6);
-    if constexpr (kRowTiles == 2) _tile_dpbf16ps(3, 5, 7);
-  }
-}
-
-template <int kWeightTiles, int kRowTiles>
-inline void store_float_tiles(float* sums) {
-  constexpr int64_t kTileFloats = kTileRows * kTileRows;
-  _tile_stored(0, sums, kStepBytes);
-  if constexpr (kRowTiles == 2) _tile_stored(1, sums + kTileFloats, kStepBytes);
-  if constexpr (kWeightTiles == 2) {
-    _tile_stored(2, sums + 2 * kTileFloats, kStepBytes);
-    if constexpr (kRowTiles == 2) _tile_stored(3, sums + 3 * kTileFloats, kStepBytes);
-  }
-}
-
-// (Only configured tiles may be touched: an unconfigured one raises #UD.)
-template <int kWeightTiles, int kRowTiles>
-inline void zero_float_tiles() {
-  _tile_zero(0);
-  if constexpr (kRowTiles == 2) _tile_zero(1);
-  if constexpr (kWeightTiles == 2) {
-    _tile_zero(2);
-    if constexpr (kRowTiles == 2) _tile_zero(3);
-  }
-}
-
-// A pair of weight tiles (up to kPairRows rows from weight row `first`) of one call: where each
-// K step's A tiles come from, decoded with Stream or, for bf16 rows that are whole tiles with no K
-// padding, read as they are stored.
+// A pair of weight tiles (up to kPairRows rows from weight row `first`) of one call, each K step
+// decoded with Stream or, for bf16 rows that are whole tiles with no K padding, read as stored.
 template <class Stream>
 struct WeightPair {
   const WeightOperand& w;
   const PaddedK& pk;
   Stream streams[2][kTileRows / kMaxChannels];  // channel c of stream q: tile row 4q + c
   int tiles = 0;                                // weight tiles in the pair (1 or 2)
-  bool direct = false;                          // A tiles straight from the contract rows
+  bool direct = false;                          // steps straight from the contract rows
   int64_t ahead = 0;                            // prefetch lead: the next pair's rows
 
   WeightPair(const WeightOperand& weights, const PaddedK& padded, int64_t e, int64_t first,
@@ -396,156 +358,180 @@ struct WeightPair {
         const int64_t row = first + std::min<int64_t>(h * kTileRows + r, cols - 1);
         streams[h][r / kMaxChannels].bind(static_cast<int>(r % kMaxChannels), w, e, row);
       }
-    const int64_t row_stride = stream_row_stride(streams[0][0], w);
-    ahead = kPairRows * row_stride;
+    ahead = kPairRows * stream_row_stride(streams[0][0], w);
     direct = std::is_same_v<Stream, DenseStream<DType::kBF16>> && w.k % 32 == 0 &&
              w.data.strides[2] == 1 && first + tiles * kTileRows <= w.n;
   }
-  int64_t direct_stride() const { return stream_row_stride(streams[0][0], w); }
-  const uint8_t* direct_tile(int h, int64_t s) const {
-    return static_cast<const uint8_t*>(static_cast<const void*>(streams[h][0].row[0])) +
-           s * kStepBytes;
-  }
 
-  // Step i of K block b of weight tile h, decoded into the 1 KiB tile at dst; the rows' lines of
-  // the next pair are prefetched as each line starts.
-  void decode(int h, int64_t b, int64_t i, uint8_t* dst) const {
+  // Step s of weight tile h as a VNNI B tile at dst; the rows' lines of the next pair are
+  // prefetched as each line starts.
+  void pack_step(int h, int64_t s, uint8_t* stage, uint8_t* dst) const {
+    const int64_t b = s / pk.block_steps(0), i = s - b * pk.block_steps(0);
     const int64_t k = b * pk.block_k + 32 * i;
-    const __mmask32 mask = avx512::tail_mask32(pk.block_len(b) - 32 * i);
-    const bool line_start = (k * Stream::kHalfBytes / 2 & 63) == 0;
-    for (int q = 0; q < kTileRows / kMaxChannels; ++q) {
-      if (line_start)
+    if ((k * Stream::kHalfBytes / 2 & 63) == 0)
+      for (int q = 0; q < kTileRows / kMaxChannels; ++q)
         prefetch_next_tile_step<kMaxChannels, Stream::kHalfBytes>(streams[h][q].row, k, ahead);
-      for (int c = 0; c < kMaxChannels; ++c)
-        _mm512_store_si512(dst + (q * kMaxChannels + c) * kStepBytes,
-                           load_bf16x32(streams[h][q], c, k, mask));
+    if (direct) {
+      const auto* row = static_cast<const uint8_t*>(static_cast<const void*>(streams[h][0].row[0]));
+      return transpose_16x16(row + s * kStepBytes, stream_row_stride(streams[0][0], w), dst);
     }
+    const __mmask32 mask = avx512::tail_mask32(pk.block_len(b) - 32 * i);
+    for (int q = 0; q < kTileRows / kMaxChannels; ++q)
+      for (int c = 0; c < kMaxChannels; ++c)
+        _mm512_store_si512(stage + (q * kMaxChannels + c) * kStepBytes,
+                           load_bf16x32(streams[h][q], c, k, mask));
+    transpose_16x16(stage, kStepBytes, dst);
   }
 };
 
-// The C tiles of K block b (weight tiles × row tiles t0, t0 + 1 of a chunk of m rows) folded into
-// out (the chunk's rows, the pair's first column at out).
-template <int kWeightTiles, int kRowTiles>
-void fold_float_tiles(const ActivationCodes& a, int64_t m, int64_t t0, int64_t cols, int64_t b,
-                      int64_t nb, float alpha, const FloatBuffers& buffers, float* out,
-                      int64_t ldo) {
-  store_float_tiles<kWeightTiles, kRowTiles>(buffers.sums);
-  for (int i = 0; i < kWeightTiles; ++i)
-    for (int j = 0; j < kRowTiles; ++j) {
-      const int64_t col = i * kTileRows, r = (t0 + j) * kTileRows;
-      if (col >= cols) continue;
-      const int64_t real_cols = std::min(kTileRows, cols - col);
-      transpose_16x16(
-          reinterpret_cast<const uint8_t*>(buffers.sums + (2 * i + j) * kTileRows * kTileRows),
-          kStepBytes, reinterpret_cast<uint8_t*>(buffers.by_row));
-      fold_tile(buffers.by_row, a, r, tile_rows(m, t0 + j), buffers.w_scales + b * kPairRows + col,
-                static_cast<__mmask16>((1u << real_cols) - 1), b, nb, alpha, out + r * ldo + col,
-                ldo);
-    }
-}
-
-// Row tiles t0 (and t0 + 1) of the chunk against the pair, every K block: A tiles from
-// a_tile(b, i, h) — decoded ahead into the ring when `ring`, else given.
-template <int kWeightTiles, int kRowTiles, class Stream, class ATile>
-void float_pair_rows(const ActivationCodes& a, int64_t m, int64_t t0,
-                     const WeightPair<Stream>& pair, int64_t cols, float alpha,
-                     const FloatBuffers& buffers, float* out, int64_t ldo, bool ring,
-                     ATile a_tile) {
-  const PaddedK& pk = pair.pk;
-  const int64_t steps = pk.steps(), nb = pk.num_blocks;
-  int64_t b_stride[2] = {4 * tile_rows(m, t0), 0};
-  if constexpr (kRowTiles == 2) b_stride[1] = 4 * tile_rows(m, t0 + 1);
-  const int64_t a_stride = pair.direct ? pair.direct_stride() : kStepBytes;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t s0 = pk.block_first_step(b), block_steps = pk.block_steps(b);
-    zero_float_tiles<kWeightTiles, kRowTiles>();
-    if (ring)
-      for (int h = 0; h < kWeightTiles; ++h) pair.decode(h, b, 0, buffers.ring + h * kTileBytes);
-    for (int64_t i = 0; i < block_steps; ++i) {
-      const int64_t s = s0 + i;
-      const uint8_t* const tiles_a[2] = {a_tile(b, i, 0), a_tile(b, i, kWeightTiles - 1)};
-      const uint8_t* const tiles_b[2] = {
-          buffers.b_tiles + (t0 * steps + s) * kTileBytes,
-          buffers.b_tiles + ((t0 + kRowTiles - 1) * steps + s) * kTileBytes};
-      float_tile_step<kWeightTiles, kRowTiles>(tiles_a, a_stride, tiles_b, b_stride);
-      if (ring && i + 1 < block_steps)  // the next step, while the tiles multiply this one
-        for (int h = 0; h < kWeightTiles; ++h)
-          pair.decode(h, b, i + 1, buffers.ring + (((i + 1) & 1) * 2 + h) * kTileBytes);
-    }
-    fold_float_tiles<kWeightTiles, kRowTiles>(a, m, t0, cols, b, nb, alpha, buffers, out, ldo);
+// The tile intrinsics take tile numbers as immediates, hence one branch per tile.
+template <int kRowTiles, int kWeightTiles>
+inline void float_tile_step(const uint8_t* const (&act)[2], const uint8_t* b_tiles) {
+  _tile_loadd(4, act[0], kSliceBytes);
+  if constexpr (kRowTiles == 2) _tile_loadd(5, act[1], kSliceBytes);
+  _tile_loadd(6, b_tiles, kStepBytes);
+  if constexpr (kWeightTiles == 2) _tile_loadd(7, b_tiles + kSliceSteps * kTileBytes, kStepBytes);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (kWeightTiles == 2) _tile_dpbf16ps(1, 4, 7);
+  if constexpr (kRowTiles == 2) {
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kWeightTiles == 2) _tile_dpbf16ps(3, 5, 7);
   }
 }
 
-template <int kWeightTiles, int kRowTiles, class Stream, class ATile>
-void float_pair_rows_any(const ActivationCodes& a, int64_t m, int64_t t0,
-                         const WeightPair<Stream>& pair, int64_t cols, float alpha,
-                         const FloatBuffers& buffers, float* out, int64_t ldo, bool ring,
-                         ATile a_tile, int64_t (&loaded)[2]) {
-  const int64_t widths[2] = {tile_rows(m, t0), kRowTiles == 2 ? tile_rows(m, t0 + 1) : 0};
-  if (widths[0] != loaded[0] || widths[1] != loaded[1]) {  // (loading a configuration costs)
-    const TileConfig config = float_tile_config(widths[0], widths[1]);
+// (Only configured tiles may be touched: an unconfigured one raises #UD.)
+template <int kRowTiles, int kWeightTiles>
+inline void zero_float_tiles() {
+  _tile_zero(0);
+  if constexpr (kWeightTiles == 2) _tile_zero(1);
+  if constexpr (kRowTiles == 2) {
+    _tile_zero(2);
+    if constexpr (kWeightTiles == 2) _tile_zero(3);
+  }
+}
+
+// C tile (j, i) at c + j · 16 · stride_floats + i · 16.
+template <int kRowTiles, int kWeightTiles>
+inline void load_float_tiles(const float* c, int64_t stride_floats) {
+  const int64_t stride = stride_floats * 4, down = kTileRows * stride_floats;
+  _tile_loadd(0, c, stride);
+  if constexpr (kWeightTiles == 2) _tile_loadd(1, c + kTileRows, stride);
+  if constexpr (kRowTiles == 2) {
+    _tile_loadd(2, c + down, stride);
+    if constexpr (kWeightTiles == 2) _tile_loadd(3, c + down + kTileRows, stride);
+  }
+}
+
+template <int kRowTiles, int kWeightTiles>
+inline void store_float_tiles(float* c, int64_t stride_floats) {
+  const int64_t stride = stride_floats * 4, down = kTileRows * stride_floats;
+  _tile_stored(0, c, stride);
+  if constexpr (kWeightTiles == 2) _tile_stored(1, c + kTileRows, stride);
+  if constexpr (kRowTiles == 2) {
+    _tile_stored(2, c + down, stride);
+    if constexpr (kWeightTiles == 2) _tile_stored(3, c + down + kTileRows, stride);
+  }
+}
+
+// Row tiles t0 (and t0 + 1) of a chunk of m rows against the pair at column p0 of the super
+// block (`cols` real columns), over the slice [s0, s1) whose B tiles are packed: each scale block
+// starts from zero or from its carried tiles, and is folded into out (the super block's first
+// column of the chunk's row 0) once it ends, else carried on.
+template <int kRowTiles, int kWeightTiles>
+void float_pair_slice(const ActivationCodes& a, int64_t m, int64_t t0, int64_t p0, int64_t cols,
+                      const PaddedK& pk, int64_t s0, int64_t s1, float alpha,
+                      const FloatBuffers& buffers, float* out, int64_t ldo) {
+  const int64_t block_steps = pk.block_steps(0), nb = pk.num_blocks;
+  const uint8_t* const rows[2] = {buffers.act + t0 * kTileRows * kSliceBytes,
+                                  buffers.act + (t0 + kRowTiles - 1) * kTileRows * kSliceBytes};
+  float* const carried = buffers.carried + t0 * kTileRows * kSuperColumns + p0;
+  for (int64_t s = s0; s < s1;) {
+    const int64_t b = s / block_steps, block_end = b * block_steps + pk.block_steps(b);
+    const int64_t end = std::min(s1, block_end);
+    if (s == b * block_steps)
+      zero_float_tiles<kRowTiles, kWeightTiles>();
+    else
+      load_float_tiles<kRowTiles, kWeightTiles>(carried, kSuperColumns);
+    for (; s < end; ++s) {
+      const uint8_t* const act[2] = {rows[0] + (s - s0) * kStepBytes,
+                                     rows[1] + (s - s0) * kStepBytes};
+      float_tile_step<kRowTiles, kWeightTiles>(act, buffers.b_tiles + (s - s0) * kTileBytes);
+    }
+    if (end < block_end) {
+      store_float_tiles<kRowTiles, kWeightTiles>(carried, kSuperColumns);
+      continue;
+    }
+    store_float_tiles<kRowTiles, kWeightTiles>(buffers.sums, 2 * kTileRows);
+    for (int j = 0; j < kRowTiles; ++j)
+      for (int i = 0; i < kWeightTiles; ++i) {
+        const int64_t col = p0 + i * kTileRows, r = (t0 + j) * kTileRows;
+        if (i * kTileRows >= cols) continue;
+        const int64_t real_cols = std::min(kTileRows, cols - i * kTileRows);
+        fold_tile(buffers.sums + j * kTileRows * 2 * kTileRows + i * kTileRows, 2 * kTileRows, a, r,
+                  tile_rows(m, t0 + j), buffers.w_scales + b * kSuperColumns + col,
+                  static_cast<__mmask16>((1u << real_cols) - 1), b, nb, alpha, out + r * ldo + col,
+                  ldo);
+      }
+  }
+}
+
+// The tile configuration a row-tile pair needs, loaded only when it changes (loading costs).
+struct LoadedConfig {
+  int64_t h0 = -1, h1 = -1;
+  int weight_tiles = -1;
+  void ensure(int64_t new_h0, int64_t new_h1, int new_weight_tiles) {
+    if (new_h0 == h0 && new_h1 == h1 && new_weight_tiles == weight_tiles) return;
+    const TileConfig config = float_tile_config(new_h0, new_h1, new_weight_tiles);
     _tile_loadconfig(&config);
-    loaded[0] = widths[0];
-    loaded[1] = widths[1];
+    h0 = new_h0;
+    h1 = new_h1;
+    weight_tiles = new_weight_tiles;
   }
-  float_pair_rows<kWeightTiles, kRowTiles>(a, m, t0, pair, cols, alpha, buffers, out, ldo, ring,
-                                           a_tile);
-}
+};
 
-// Activation rows [0, m ≤ kFloatRowChunk) of the call against weight rows [n0, n0 + n).
+// Activation rows [0, m ≤ kFloatRowChunk) of the call against weight rows [n0, n0 + n): per
+// super block of columns, per K slice, the activation slice is packed once and each weight pair's
+// slice once, for every row tile of the chunk.
 template <class Stream>
 void float_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                       int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
-                      const FloatBuffers& buffers, int64_t (&loaded)[2]) {
+                      const FloatBuffers& buffers, LoadedConfig& loaded) {
   const int64_t steps = pk.steps(), nb = pk.num_blocks;
   const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
   const float alpha = expert_alpha(w, e);
-  pack_float_activation_tiles(a, m, pk, buffers);
-  for (int64_t c0 = 0; c0 < n; c0 += kPairRows) {
-    const int64_t cols = std::min(kPairRows, n - c0);
-    const WeightPair<Stream> pair(w, pk, e, n0 + c0, cols);
-    for (int64_t j = 0; j < cols; ++j) {
+  for (int64_t c0 = 0; c0 < n; c0 += kSuperColumns) {
+    const int64_t super_cols = std::min(kSuperColumns, n - c0);
+    for (int64_t j = 0; j < super_cols; ++j) {
       weight_row_scales(w, e, n0 + c0 + j, buffers.row_scales);
-      for (int64_t b = 0; b < nb; ++b) buffers.w_scales[b * kPairRows + j] = buffers.row_scales[b];
+      for (int64_t b = 0; b < nb; ++b)
+        buffers.w_scales[b * kSuperColumns + j] = buffers.row_scales[b];
     }
-    // Where step i of K block b of weight tile h is read from.
-    auto ring_tile = [&](int64_t, int64_t i, int h) {
-      return buffers.ring + ((i & 1) * 2 + h) * kTileBytes;
-    };
-    auto stored_tile = [&](int64_t b, int64_t i, int h) {
-      const int64_t s = pk.block_first_step(b) + i;
-      return pair.direct ? pair.direct_tile(h, s) : buffers.block + (h * steps + s) * kTileBytes;
-    };
-    if (m > kStreamedMaxRows && !pair.direct)  // decode the pair once for every row tile
-      for (int h = 0; h < pair.tiles; ++h)
-        for (int64_t b = 0; b < nb; ++b)
-          for (int64_t i = 0; i < pk.block_steps(b); ++i)
-            pair.decode(h, b, i,
-                        buffers.block + (h * steps + pk.block_first_step(b) + i) * kTileBytes);
-    const bool ring = m <= kStreamedMaxRows && !pair.direct;
-    float* const pair_out = out + c0;
-    for (int64_t t0 = 0; t0 < row_tiles; t0 += 2) {
-      const bool two_rows = t0 + 1 < row_tiles;
-      // The tile block's shape as template arguments: weight tiles × row tiles.
-      auto run = [&](auto a_tile) {
-        auto with_weight_tiles = [&](auto weight_tiles) {
-          constexpr int kWeightTiles = decltype(weight_tiles)::value;
-          if (two_rows)
-            float_pair_rows_any<kWeightTiles, 2>(a, m, t0, pair, cols, alpha, buffers, pair_out,
-                                                 ldo, ring, a_tile, loaded);
+    for (int64_t s0 = 0; s0 < steps; s0 += kSliceSteps) {
+      const int64_t s1 = std::min(steps, s0 + kSliceSteps);
+      pack_activation_slice(a, m, pk, s0, s1, buffers.act);
+      for (int64_t p0 = 0; p0 < super_cols; p0 += kPairRows) {
+        const int64_t cols = std::min(kPairRows, super_cols - p0);
+        const WeightPair<Stream> pair(w, pk, e, n0 + c0 + p0, cols);
+        for (int h = 0; h < pair.tiles; ++h)
+          for (int64_t s = s0; s < s1; ++s)
+            pair.pack_step(h, s, buffers.stage,
+                           buffers.b_tiles + (h * kSliceSteps + s - s0) * kTileBytes);
+        for (int64_t t0 = 0; t0 < row_tiles; t0 += 2) {
+          const int64_t h1 = t0 + 1 < row_tiles ? tile_rows(m, t0 + 1) : 0;
+          loaded.ensure(tile_rows(m, t0), h1, pair.tiles);
+          // The tile block's shape as template arguments: row tiles × weight tiles.
+          auto run = [&](auto row_tiles_c, auto weight_tiles_c) {
+            float_pair_slice<decltype(row_tiles_c)::value, decltype(weight_tiles_c)::value>(
+                a, m, t0, p0, cols, pk, s0, s1, alpha, buffers, out + c0, ldo);
+          };
+          using One = std::integral_constant<int, 1>;
+          using Two = std::integral_constant<int, 2>;
+          if (h1 > 0)
+            pair.tiles == 2 ? run(Two{}, Two{}) : run(Two{}, One{});
           else
-            float_pair_rows_any<kWeightTiles, 1>(a, m, t0, pair, cols, alpha, buffers, pair_out,
-                                                 ldo, ring, a_tile, loaded);
-        };
-        if (pair.tiles == 2)
-          with_weight_tiles(std::integral_constant<int, 2>{});
-        else
-          with_weight_tiles(std::integral_constant<int, 1>{});
-      };
-      if (ring)
-        run(ring_tile);
-      else
-        run(stored_tile);
+            pair.tiles == 2 ? run(One{}, Two{}) : run(One{}, One{});
+        }
+      }
     }
   }
 }
@@ -555,7 +541,7 @@ template <class Stream>
 void run_float_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
                      const FloatBuffers& buffers) {
-  int64_t loaded[2] = {-1, -1};  // the row-tile widths of the configuration loaded
+  LoadedConfig loaded;
   for (int64_t r0 = 0; r0 < m; r0 += kFloatRowChunk)
     float_gemm_chunk<Stream>(activation_rows_from(a, r0), std::min(kFloatRowChunk, m - r0), w, e,
                              n0, n, out + r0 * ldo, ldo, pk, buffers, loaded);
