@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -104,8 +105,8 @@ int main(int argc, char** argv) {
     std::uniform_int_distribution<int> bits(0x3c00, 0x3fff);
     std::vector<float> codes(static_cast<size_t>(s.m * s.k));
     for (float& v : codes) {
-      const uint32_t u = static_cast<uint32_t>(bits(rng)) << 16;
-      v = *reinterpret_cast<const float*>(&u);
+      const uint32_t u = static_cast<uint32_t>(bits(rng)) << 16;  // a bf16 value as fp32
+      std::memcpy(&v, &u, sizeof v);
     }
     ActivationCodes a;
     a.codes = codes.data();
