@@ -64,7 +64,8 @@ size_t own_scratch_bytes(const PaddedK& pk) {
 }
 
 // dst[i * 16 + j] = src[j][i] for 16 × 16 dwords (src rows `stride` bytes apart): one K step of
-// 16 activation rows into a VNNI-ordered B tile, or a C tile into activation-row order.
+// 16 rows (activation rows in the int8 path, weight rows in the float path) into a VNNI-ordered B
+// tile, or an int8-path C tile into activation-row order.
 void transpose_16x16(const uint8_t* src, int64_t stride, uint8_t* dst) {
   __m512i r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * stride);
