@@ -27,7 +27,7 @@ pip=("$PYTHON" -m pip install -q --disable-pip-version-check --root-user-action=
 "${pip[@]}" "scikit-build-core>=0.9" "pybind11>=2.12" "numpy>=1.22" "ml_dtypes>=0.4"
 if ((want_test_deps)); then
   # torch 2.13.0 is the CPU build (on this machine kind it is taken from the local wheel cache).
-  "${pip[@]}" pytest "hypothesis>=6" "torch==2.13.0" "transformers>=4.45" safetensors
+  "${pip[@]}" pytest "hypothesis>=6" "torch==2.13.0" "transformers>=4.45" safetensors matplotlib
 fi
 
 echo "setup: building moecore (C++ core, Python module, GoogleTest binary)"

@@ -23,14 +23,51 @@ struct KindInfo {
   double flops_per_iteration;
 };
 
-constexpr KindInfo kKinds[] = {  // indexed by PeakKind
+// The portable peak loop: 16 chains of acc · a + b (a multiply and an add: moecore builds without
+// FMA contraction), which the compiler may vectorize for the build's baseline.
+float mul_add_f32_scalar(int64_t iterations) {
+  float acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = static_cast<float>(i);
+  const float a = 0.999999f, b = 1e-6f;  // a < 1 keeps the chains finite
+  for (int64_t it = 0; it < iterations; ++it)
+    for (float& v : acc) v = v * a + b;
+  return probe_detail::sum_floats(acc, 16);
+}
+
+// The portable read loop: the AVX loops' shape (probe_avx2.cpp) with 64-bit loads.
+uint64_t read_streams_scalar(const uint8_t* data, int64_t bytes, int streams) {
+  const int64_t length = bytes / streams;  // a multiple of 256 (probe_read_bandwidth sizes it)
+  uint64_t acc[4] = {};
+  for (int64_t offset = 0; offset < length; offset += 256)
+    for (int s = 0; s < streams; ++s) {
+      const uint8_t* p = data + s * length + offset;
+      for (int j = 0; j < 32; ++j) {
+        uint64_t word;
+        std::memcpy(&word, p + 8 * j, sizeof word);
+        acc[j % 4] ^= word;
+      }
+    }
+  return acc[0] ^ acc[1] ^ acc[2] ^ acc[3];
+}
+
+// Indexed by PeakKind.
+constexpr KindInfo kKinds[] = {
+    {PeakKind::kScalarF32, "scalar_f32", IsaLevel::kScalar, mul_add_f32_scalar,
+     probe_detail::kScalarF32FlopsPerIteration},
+    {PeakKind::kAvx2FmaF32, "avx2_fma_f32", IsaLevel::kAvx2,
+#ifdef MOECORE_COMPILED_AVX2
+     probe_detail::fma_f32_avx2,
+#else
+     nullptr,
+#endif
+     probe_detail::kAvx2FmaF32FlopsPerIteration},
     {PeakKind::kAvx512FmaF32, "avx512_fma_f32", IsaLevel::kAvx512,
 #ifdef MOECORE_COMPILED_AVX512
      probe_detail::fma_f32_avx512,
 #else
      nullptr,
 #endif
-     probe_detail::kFmaF32FlopsPerIteration},
+     probe_detail::kAvx512FmaF32FlopsPerIteration},
     {PeakKind::kAvx512Bf16, "avx512_bf16", IsaLevel::kAvx512Bf16,
 #ifdef MOECORE_COMPILED_AVX512BF16
      probe_detail::dot_bf16_avx512,
@@ -47,16 +84,6 @@ constexpr KindInfo kKinds[] = {  // indexed by PeakKind
      probe_detail::kTileBf16FlopsPerIteration},
 };
 
-using ReadFn = uint64_t (*)(const uint8_t*, int64_t, int);
-
-// The read loop of this build; nullptr when it lacks the AVX-512 flags.
-ReadFn read_loop() {
-#ifdef MOECORE_COMPILED_AVX512
-  return probe_detail::read_streams_avx512;
-#else
-  return nullptr;
-#endif
-}
 
 const KindInfo& info(PeakKind kind) { return kKinds[static_cast<int>(kind)]; }
 
@@ -89,13 +116,23 @@ float probe_detail::sum_floats(const float* values, int64_t count) {
   return total;
 }
 
+probe_detail::ReadFn probe_detail::read_loop(IsaLevel level) {
+#ifdef MOECORE_COMPILED_AVX512
+  if (level >= IsaLevel::kAvx512) return read_streams_avx512;
+#endif
+#ifdef MOECORE_COMPILED_AVX2
+  if (level >= IsaLevel::kAvx2) return read_streams_avx2;
+#endif
+  return read_streams_scalar;
+}
+
 const char* peak_kind_name(PeakKind kind) { return info(kind).name; }
 
 PeakKind parse_peak_kind(const std::string& name) {
   for (const KindInfo& k : kKinds)
     if (name == k.name) return k.kind;
   MOECORE_THROW(InvalidArgument, "unknown peak probe '", name,
-                "' (known: avx512_fma_f32, avx512_bf16, amx_bf16)");
+                "' (known: scalar_f32, avx2_fma_f32, avx512_fma_f32, avx512_bf16, amx_bf16)");
 }
 
 std::vector<PeakKind> available_peak_kinds() {
@@ -109,10 +146,7 @@ ProbeResult probe_read_bandwidth(int64_t bytes, int streams, int repeats) {
   MOECORE_CHECK(streams == 1 || streams == 2 || streams == 4 || streams == 8,
                 "probe_read_bandwidth: streams must be 1, 2, 4 or 8, got ", streams);
   MOECORE_CHECK(repeats >= 1, "probe_read_bandwidth: repeats must be >= 1, got ", repeats);
-  const ReadFn read = read_loop();
-  if (read == nullptr || detected_isa_level() < IsaLevel::kAvx512)
-    MOECORE_UNSUPPORTED("probe_read_bandwidth needs AVX-512 (detected ",
-                        isa_level_name(detected_isa_level()), ")");
+  const probe_detail::ReadFn read = probe_detail::read_loop(detected_isa_level());
   const int threads = ThreadPool::instance().num_threads();
   // Every thread gets a slice of whole 256-byte steps per stream (the loop's unit).
   const int64_t unit = int64_t{256} * streams;
