@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
@@ -22,6 +23,12 @@
 
 namespace moecore {
 namespace {
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
 
 // TESTING.md, fp32 row: atol = rtol = 1e-5, the relative part taken of the sum of the terms'
 // magnitudes (two fp32 summation orders of a dot differ by up to ~K·2^-24 of that sum).
@@ -383,9 +390,9 @@ TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
 
 // Every e2m1 code under every block-scale code, in both halves of a 32-element step, at every
 // level: rows of unit activations pick single weights, streamed (one row) and decoded once per
-// column block (all rows). Every weight is exact, NaN scales included, except that the bf16 rows
-// give 0 where the scalar row's product is subnormal (bf16 conversion and VDPBF16PS treat
-// subnormals as zero).
+// column block (all rows). Every weight is exact, NaN scales included (the canonical rows give
+// the scalar row's bits, zero signs too; a NaN is any NaN), except that the bf16 rows give 0 where
+// the scalar row's product is subnormal (bf16 conversion and VDPBF16PS treat subnormals as zero).
 TEST(QuantGemmBf16DecodeTest, EveryFp4CodeUnderEveryScaleDecodesExactly) {
   constexpr int64_t kScales = 256, kK = 32;
   for (const WeightCoding coding : {WeightCoding::kNvfp4, WeightCoding::kMxfp4}) {
@@ -431,6 +438,8 @@ TEST(QuantGemmBf16DecodeTest, EveryFp4CodeUnderEveryScaleDecodesExactly) {
           for (const float got : {all[j * kScales + c], one[c]}) {
             if (std::isnan(want))
               ASSERT_TRUE(std::isnan(got));
+            else if (!bf16)
+              ASSERT_EQ(float_bits(got), float_bits(want));  // signed zeros too
             else if (bf16 && std::fpclassify(want) == FP_SUBNORMAL)
               ASSERT_EQ(got, 0.0f);
             else

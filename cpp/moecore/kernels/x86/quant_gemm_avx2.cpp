@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -141,37 +142,60 @@ struct Int8AsFloatStream : RawBytesStream {
   }
 };
 
+// The fp4 tables of quant_gemm.h arranged for one 8-entry permute per 8 weights. A lane holding
+// nibble n = 8·s + m (sign s, magnitude m) in its low bits keeps it in bits 28–31 after a shift
+// left by 28; the permute reads bits 0–2 (m). Entry m of a scale code's row holds the bits of
+// value m XOR (m << 28), so XOR with the shifted nibble gives value m with its sign bit flipped
+// by s: value 8 + m of the reference table, bit for bit (−v is v with its sign flipped), or a NaN
+// where the scale is one.
+struct Fp4SignedTables {
+  alignas(32) uint32_t values[256][8];
+  explicit Fp4SignedTables(const Fp4Tables& reference) {
+    for (int code = 0; code < 256; ++code)
+      for (int m = 0; m < 8; ++m) {
+        const float v = reference.values[code][m], negative = reference.values[code][8 + m];
+        uint32_t bits, negative_bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        std::memcpy(&negative_bits, &negative, sizeof bits);
+        MOECORE_INTERNAL_CHECK(negative_bits == (bits ^ 0x80000000u) || std::isnan(v + negative),
+                               "fp4 scale code ", code, ": entry ", 8 + m, " is not −(entry ", m,
+                               ")");
+        values[code][m] = bits ^ (static_cast<uint32_t>(m) << 28);
+      }
+  }
+};
+
 // fp4 rows (x86/row_common.h; K is a multiple of kGroup, so no step has a tail and a step lies
-// in one group). Weights come from their scale code's row of fp4_tables (quant_gemm.h): entries
-// 0–7 are the positive codes and 8–15 the negative ones, so 8 weights are two 8-entry permutes and
-// a blend on the sign bit.
+// in one group): one permute of the step's Fp4SignedTables row per 8 weights.
 template <int kGroup>
 struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
   struct Raw {
     const uint8_t* src;  // 8 bytes: 16 nibbles
-    const float* table;  // the 16 values of the step's scale code
+    __m256i table;       // the row of the step's scale code
   };
   static constexpr bool kNanCodes = false;
   template <bool>
   Raw fetch(int c, const uint8_t* src, int64_t i) const {
-    return {src, tables.values[this->scale_code(c, i)]};
+    return {src, _mm256_load_si256(
+                     reinterpret_cast<const __m256i*>(tables.values[this->scale_code(c, i)]))};
   }
   template <int kHalf>
   __m256 half(const Raw& raw) const {
-    // Element j of the 8 is nibble j of the 32-bit word: shift lane j right by 4j. The permutes
-    // read bits 0–2 (the magnitude); bit 3, the sign, moved to bit 31 picks the negative table.
+    // Element j of the 8 is nibble j of the 32-bit word: shift lane j right by 4j.
     int32_t word;
     std::memcpy(&word, raw.src + 4 * kHalf, sizeof word);
     const __m256i nibbles =
         _mm256_srlv_epi32(_mm256_set1_epi32(word), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    const __m256 positive = _mm256_permutevar8x32_ps(_mm256_load_ps(raw.table), nibbles);
-    const __m256 negative = _mm256_permutevar8x32_ps(_mm256_load_ps(raw.table + 8), nibbles);
-    return _mm256_blendv_ps(positive, negative,
-                            _mm256_castsi256_ps(_mm256_slli_epi32(nibbles, 28)));
+    const __m256i entry = _mm256_permutevar8x32_epi32(raw.table, nibbles);
+    return _mm256_castsi256_ps(_mm256_xor_si256(entry, _mm256_slli_epi32(nibbles, 28)));
   }
 
-  const Fp4Tables& tables = fp4_tables<kGroup>();
+  static const Fp4SignedTables& tables_of_coding() {
+    static const Fp4SignedTables tables(fp4_tables<kGroup>());
+    return tables;
+  }
+  const Fp4SignedTables& tables = tables_of_coding();
 };
 
 /// Bytes from one weight row of a stream to the next (the contract layout's row stride).
