@@ -84,7 +84,8 @@ std::optional<DType> to_dtype(py::handle obj) {
     MOECORE_THROW(DTypeError, "expected a dtype, got ", py::str(obj).cast<std::string>());
   }
   auto d = dtype_of_numpy(dt);
-  MOECORE_CHECK_DTYPE(d.has_value(), "unsupported dtype ", py::str(dt).cast<std::string>());
+  MOECORE_CHECK_DTYPE(d.has_value(), "unsupported dtype ",
+                      py::str(py::handle(dt)).cast<std::string>());
   return d;
 }
 
@@ -103,8 +104,11 @@ Tensor to_tensor(py::handle obj, const char* what) {
   py::array arr = py::reinterpret_borrow<py::array>(array_obj);
   const py::dtype dt = arr.dtype();
   const std::string dt_name = py::str(dt.attr("name")).cast<std::string>();
-  MOECORE_CHECK_DTYPE(dt.attr("isnative").cast<bool>(), what, ": the array has non-native byte "
-                      "order (", py::str(dt).cast<std::string>(), "); convert it with "
+  MOECORE_CHECK_DTYPE(dt.attr("isnative").cast<bool>(), what,
+                      ": the array has non-native byte "
+                      "order (",
+                      py::str(py::handle(dt)).cast<std::string>(),
+                      "); convert it with "
                       "a.astype(a.dtype.newbyteorder('='))");
   DType dtype;
   if (tag) {
