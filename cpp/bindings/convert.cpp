@@ -105,11 +105,9 @@ Tensor to_tensor(py::handle obj, const char* what) {
   const py::dtype dt = arr.dtype();
   const std::string dt_name = py::str(dt.attr("name")).cast<std::string>();
   MOECORE_CHECK_DTYPE(dt.attr("isnative").cast<bool>(), what,
-                      ": the array has non-native byte "
-                      "order (",
+                      ": the array has non-native byte order (",
                       py::str(py::handle(dt)).cast<std::string>(),
-                      "); convert it with "
-                      "a.astype(a.dtype.newbyteorder('='))");
+                      "); convert it with a.astype(a.dtype.newbyteorder('='))");
   DType dtype;
   if (tag) {
     dtype = *tag;

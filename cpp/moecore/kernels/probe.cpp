@@ -1,5 +1,6 @@
-// Dispatch and timing of the machine probes (probe.h). The instruction loops live in
-// kernels/x86/probe_*.cpp; this file picks them by the detected ISA level and times them.
+// Dispatch and timing of the machine probes (probe.h). The ISA loops live in
+// kernels/x86/probe_*.cpp and the portable ones here; this file picks them by the detected ISA
+// level and times them.
 #include "moecore/kernels/probe.h"
 
 #include <chrono>
@@ -83,7 +84,6 @@ constexpr KindInfo kKinds[] = {
 #endif
      probe_detail::kTileBf16FlopsPerIteration},
 };
-
 
 const KindInfo& info(PeakKind kind) { return kKinds[static_cast<int>(kind)]; }
 
