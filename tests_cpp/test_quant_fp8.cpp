@@ -218,6 +218,36 @@ TEST(TritonQuantTest, ScaleValuesAreValidatedBeforeAnyOutput) {
   EXPECT_THROW(run(i8, p.x, p.topk_ids, p.topk_weights), ContractViolation);
 }
 
+// check_scale_values over the flagged experts only: the flat indices of expert e's slice, in the
+// contiguous pass and in the strided one, with the bad value's index in the whole view.
+TEST(ScaleValuesTest, ChecksTheFlaggedExpertsAndNamesTheIndexInTheWholeView) {
+  Tensor storage = Tensor::empty({3, 2, 4}, DType::kF32);
+  for (int64_t i = 0; i < storage.numel(); ++i) storage.ptr<float>()[i] = 1.0f;
+  TensorView contiguous = storage.view();  // [3, 2, 4]
+  TensorView strided = contiguous;         // [3, 4, 2]: dims 1 and 2 swapped
+  std::swap(strided.shape[1], strided.shape[2]);
+  std::swap(strided.strides[1], strided.strides[2]);
+  ASSERT_FALSE(strided.is_contiguous());
+  storage.ptr<float>()[2 * 8 + 1 * 4 + 3] = NAN;  // contiguous [2, 1, 3], strided [2, 3, 1]
+  const std::vector<uint8_t> first_two = {1, 1, 0}, last = {0, 0, 1};
+  for (const auto& [view, index] :
+       {std::pair{contiguous, "[2, 1, 3]"}, std::pair{strided, "[2, 3, 1]"}}) {
+    EXPECT_NO_THROW(check_scale_values("api", "s", view, true, &first_two));
+    for (const std::vector<uint8_t>* experts : {&last, static_cast<decltype(&last)>(nullptr)}) {
+      try {
+        check_scale_values("api", "s", view, true, experts);
+        ADD_FAILURE() << "no error for " << view.describe();
+      } catch (const InvalidArgument& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  std::string("api: s must be finite and >= 0, got nan at ") + index);
+      }
+    }
+  }
+  storage.ptr<float>()[2 * 8 + 1 * 4 + 3] = 0.0f;
+  EXPECT_NO_THROW(check_scale_values("api", "s", contiguous, true, &last));
+  EXPECT_THROW(check_scale_values("api", "s", contiguous, false, &last), InvalidArgument);
+}
+
 // ---------------------------------------------------------------------------------------------
 // deep_gemm.
 

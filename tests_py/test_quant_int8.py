@@ -330,6 +330,29 @@ def test_int8_bad_input(call, exc, text):
     assert text in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_call_checks_the_scales_of_the_experts_it_runs(fused):
+    """A call reads the scales of its routed experts only, and checks those: a NaN scale of an
+    expert no token reaches leaves the result unchanged, one of a routed expert raises with its
+    index in the whole tensor, and a prepared run (which replays any routing) checks them all."""
+    ip = IProblem("int8_w8a8", 6, 5, 40, 24, 2, seed=4)
+    ids = np.array([[0, 2], [2, 4], [4, 0], [0, 2], [2, 4], [4, 0]], np.int32)
+    config = moecore.MoeRunnerConfig(inplace=False, force_unfused=not fused)
+    dispatch = moecore.StandardDispatchOutput(
+        ip.p.x, topk_output=moecore.StandardTopKOutput(ip.p.topk_weights, ids))
+    run = lambda **scales: moecore.MoeRunner("triton", config).run(
+        dispatch, ip.quant_info(**scales)).hidden_states
+    unrouted = ip.s13.copy()
+    unrouted[3, 7] = np.nan
+    np.testing.assert_array_equal(run(w13_scale=unrouted), run())
+    routed = ip.s2.copy()
+    routed[4, 5] = -1.0
+    with pytest.raises(ValueError, match=r"w2_scale must be finite and >= 0, got -1 at \[4, 5"):
+        run(w2_scale=routed)
+    with pytest.raises(ValueError, match=r"w13_scale must be finite and >= 0, got nan at \[3, 7"):
+        moecore.MoeRunner("triton", config).prepare(dispatch, ip.quant_info(w13_scale=unrouted))
+
+
 def test_reference_w8a16_equals_the_dense_reference_on_dequantized_weights():
     """Cross-check of moe_fp8's contract plumbing against moe.fused_moe_ref: W8A16 quantizes no
     activation, so it is the dense triton contract on the dequantized weights q · s."""

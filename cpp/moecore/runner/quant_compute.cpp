@@ -264,27 +264,35 @@ ActQuantResult quantize_activation(const TensorView& x, ActQuant rule, float sca
   return out;
 }
 
-void check_scale_values(const char* api, const char* name, const TensorView& scale,
-                        bool allow_zero) {
+void check_scale_values(const char* api, const char* name, const TensorView& scale, bool allow_zero,
+                        const std::vector<uint8_t>* experts) {
   MOECORE_CHECK_DTYPE(scale.dtype == DType::kF32, api, ": ", name, " must be float32, got ",
                       scale.describe());
   const float* p = scale.ptr<float>();
   const int64_t n = scale.numel();
-  // Every call checks every expert's scales, so the common case is one branch-free pass over
-  // contiguous memory; the failing index is searched for only when there is one.
   const float low = allow_zero ? 0.0f : std::numeric_limits<float>::denorm_min();
   const float high = std::numeric_limits<float>::max();
   auto ok = [&](float v) { return v >= low && v <= high; };  // false for NaN
-  if (scale.is_contiguous()) {
-    bool all_ok = true;
-    for (int64_t i = 0; i < n; ++i) all_ok &= ok(p[i]);
-    if (all_ok) return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = p[strided_offset(scale, i)];
-    MOECORE_CHECK(ok(v), api, ": ", name, " must be finite and ", allow_zero ? ">= 0" : "> 0",
-                  ", got ", v, " at ", index_string(scale, i));
-  }
+  // Flat indices [begin, end): one pass without a branch over contiguous memory (bitwise |, not
+  // ||, so the loop vectorizes); the failing index is searched for only when there is one.
+  auto check_range = [&](int64_t begin, int64_t end) {
+    if (scale.is_contiguous()) {
+      int out_of_range = 0;
+      for (int64_t i = begin; i < end; ++i) out_of_range |= !(p[i] >= low) | !(p[i] <= high);
+      if (out_of_range == 0) return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = p[strided_offset(scale, i)];
+      MOECORE_CHECK(ok(v), api, ": ", name, " must be finite and ", allow_zero ? ">= 0" : "> 0",
+                    ", got ", v, " at ", index_string(scale, i));
+    }
+  };
+  if (experts == nullptr || scale.ndim == 0) return check_range(0, n);
+  MOECORE_INTERNAL_CHECK(static_cast<int64_t>(experts->size()) == scale.shape[0],
+                         "expert flags for ", name, " ", scale.describe());
+  const int64_t per_expert = scale.shape[0] == 0 ? 0 : n / scale.shape[0];
+  for (int64_t e = 0; e < scale.shape[0]; ++e)
+    if ((*experts)[e]) check_range(e * per_expert, (e + 1) * per_expert);
 }
 
 TensorView per_channel_scale_view(const char* api, const char* name, const Tensor& scale,

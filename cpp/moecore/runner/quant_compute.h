@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moecore/core/tensor.h"
 #include "moecore/formats/quantize.h"
@@ -80,9 +81,10 @@ ActQuant parse_act_quant(const std::string& name);
 // Scale checks shared by the 8-bit backends ("api: expected …, got …").
 
 /// Every value of an f32 view is finite and > 0 (or ≥ 0 when allow_zero); InvalidArgument
-/// naming the first bad index otherwise. A non-f32 view → DTypeError.
-void check_scale_values(const char* api, const char* name, const TensorView& scale,
-                        bool allow_zero);
+/// naming the first bad index otherwise. A non-f32 view → DTypeError. With `experts` (a flag per
+/// index of dim 0, the expert), only the flagged experts' values: the scales a call reads.
+void check_scale_values(const char* api, const char* name, const TensorView& scale, bool allow_zero,
+                        const std::vector<uint8_t>* experts = nullptr);
 /// A per-channel scale [E, N] or [E, N, 1] seen as a 2-D [E, N] view (shape checked).
 TensorView per_channel_scale_view(const char* api, const char* name, const Tensor& scale,
                                   int64_t num_experts, int64_t n);

@@ -90,7 +90,29 @@ struct QuantPlan {
   int64_t group = 0;           // block_k of the group rule
   bool integer = false;        // int8 codes on both sides (exact int32 dots)
   IsaLevel level = IsaLevel::kScalar;  // the quantizers' kernel row (config.kernel_level())
+  // The weight scales whose values check_weight_scales checks ([E, ...] views).
+  struct ScaleValues {
+    const char* name;
+    TensorView scale;
+  };
+  std::vector<ScaleValues> weight_scales;
 };
+
+/// The plan's weight scales are finite and ≥ 0: with `routed`, only the experts the call's tokens
+/// reach (a decode reads a few of E experts; checking all E would read every expert's scales on
+/// every call); without, all of them (a prepared run checks once for every routing it replays).
+void check_weight_scales(const QuantPlan& plan, const RoutedTokens* routed) {
+  std::vector<uint8_t> experts;
+  if (routed != nullptr) {
+    experts.assign(static_cast<size_t>(plan.shape.num_experts), 0);
+    for (int64_t t = 0; t < routed->num_tokens; ++t)
+      for (int64_t j = 0; j < routed->top_k; ++j)
+        if (const int32_t e = routed->id(t, j); e >= 0) experts[e] = 1;
+  }
+  for (const auto& s : plan.weight_scales)
+    check_scale_values(kApi, s.name, s.scale, /*allow_zero=*/true,
+                       routed != nullptr ? &experts : nullptr);
+}
 
 void check_bias(const Tensor& b, const char* name, int64_t e, int64_t n) {
   if (!b.defined()) return;
@@ -196,7 +218,7 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
       MOECORE_CHECK(s.defined() && s.view().shape_vector() == want, kApi, ": expected ", name, " ",
                     shape_string(want), " (block scales of block_shape [", bn, ", ", bk, "]), got ",
                     s.describe());
-      check_scale_values(kApi, name, s.view(), true);
+      plan.weight_scales.push_back({name, s.view()});
       return s.view();
     };
     o1 = operand(WeightCoding::kFp8, w13, block_scale("w13_scale", q.w13_scale, w.n1, w.hidden), E,
@@ -216,8 +238,8 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
       s13 = per_tensor_weight_scale("w13_scale", q.w13_scale, E);
       s2 = per_tensor_weight_scale("w2_scale", q.w2_scale, E);
     }
-    check_scale_values(kApi, "w13_scale", s13, true);
-    check_scale_values(kApi, "w2_scale", s2, true);
+    plan.weight_scales.push_back({"w13_scale", s13});
+    plan.weight_scales.push_back({"w2_scale", s2});
     o1 = operand(WeightCoding::kFp8, w13, s13, E, w.n1, w.hidden);
     o2 = operand(WeightCoding::kFp8, w2, s2, E, w.hidden, w.inter);
     const ActQuant dynamic =
@@ -246,8 +268,8 @@ QuantPlan make_quant_plan(const TritonMoeQuantInfo& q, const MoeRunnerConfig& co
                   "; a13_scale and a2_scale must be None");
     const TensorView s13 = per_channel_scale_view(kApi, "w13_scale", q.w13_scale, E, w.n1);
     const TensorView s2 = per_channel_scale_view(kApi, "w2_scale", q.w2_scale, E, w.hidden);
-    check_scale_values(kApi, "w13_scale", s13, true);
-    check_scale_values(kApi, "w2_scale", s2, true);
+    plan.weight_scales.push_back({"w13_scale", s13});
+    plan.weight_scales.push_back({"w2_scale", s2});
     o1 = operand(WeightCoding::kInt8, w13, s13, E, w.n1, w.hidden);
     o2 = operand(WeightCoding::kInt8, w2, s2, E, w.hidden, w.inter);
     if (q.use_int8_w8a8) {
@@ -398,6 +420,7 @@ class TritonRunnerCore : public RunnerCore {
     const RoutedTokens tokens =
         check_routed_tokens("TritonRunnerCore.run", in.hidden_states,
                             StandardTopKOutput{in.topk_weights, in.topk_ids, {}}, w);
+    if (plan) check_weight_scales(*plan, &tokens);
     Tensor result;
     if (!combine)
       result = Tensor::zeros({tokens.num_tokens, tokens.top_k, w.hidden}, w.dtype);
@@ -476,6 +499,7 @@ class TritonPreparedRun : public PreparedRun {
     if (info.is_quantized()) {
       MOECORE_CHECK(x_.defined(), kApi, ": hidden_states is required");
       plan_ = make_quant_plan(info, config, x_.dtype());
+      check_weight_scales(*plan_, /*routed=*/nullptr);
       weights_ = plan_->shape;
     } else {
       weights_ = validated_weights(info, config, x_);
