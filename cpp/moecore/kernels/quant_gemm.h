@@ -90,6 +90,11 @@ struct ActivationCodes {
   // The codes are bf16 values by construction (bf16 activations; fp8, fp4 or int8 codes), so
   // the avx512_bf16 and amx rows may multiply them in bf16; otherwise those rows run avx512's.
   bool bf16_exact = false;
+  // Every code is 0 or of magnitude in [2^-9, 448], a multiple of 2^-9: the quantizers' fp8, fp4
+  // and int8 code values. Products with e4m3 weights, their sums and those sums times any power
+  // of two from 2^-8 to 1 then stay normal fp32 numbers, so a row may scale its products by a
+  // power of two and undo it after the dot with the same bits (avx2's fp8 row does).
+  bool bounded_codes = false;
   // The kernel row's working memory for this call (see GemmScratch); nullptr: the row uses its
   // own thread-local memory. Rows never keep anything in it from one call to the next.
   GemmScratch* scratch = nullptr;

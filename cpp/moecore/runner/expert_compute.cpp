@@ -440,6 +440,7 @@ ActivationCodes input_codes(const ExpertGemm& g, DType act_dtype, float* rows, i
   codes.scales = s;
   codes.scales_per_row = g.scales_per_row;
   codes.integer = g.integer_codes;
+  codes.bounded_codes = true;
   return codes;
 }
 

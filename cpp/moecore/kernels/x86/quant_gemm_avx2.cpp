@@ -80,10 +80,12 @@ inline bool nan_code_in_line(const uint8_t* const (&rows)[kMaxChannels], int64_t
   return _mm256_movemask_epi8(_mm256_cmpeq_epi8(top, _mm256_set1_epi8(-1))) != 0;
 }
 
-/// Lanes [8h, 8h + 8) of e4m3x16_as_f16's patterns in fp32: cvtph, then × 2^8 (exact).
-template <int kHalf>
+/// Lanes [8h, 8h + 8) of e4m3x16_as_f16's patterns in fp32: cvtph, then with kTimes256 × 2^8
+/// (exact: the codes' values); without, the values · 2^-8 (the caller scales the dot instead).
+template <int kHalf, bool kTimes256>
 inline __m256 e4m3_half(__m256i f16) {
   const __m128i part = kHalf == 0 ? _mm256_castsi256_si128(f16) : _mm256_extracti128_si256(f16, 1);
+  if constexpr (!kTimes256) return _mm256_cvtph_ps(part);
   return _mm256_mul_ps(_mm256_cvtph_ps(part), _mm256_set1_ps(256.0f));
 }
 
@@ -93,11 +95,13 @@ inline __m256 e4m3_half(__m256i f16) {
 // half<h>(raw) gives elements [i + 8h, i + 8h + 8) exactly in fp32 (the halves are widened one
 // after the other, so that a tile's C raw steps, not 2·C fp32 vectors, wait in registers).
 // Element i starts at byte i · kHalfBytes / 2 of row[c]. kDecodeChannels: the channels of a
-// one-row tile (walk_tiles).
+// one-row tile (walk_tiles). kDotScale: what each folded dot is multiplied by (a power of two the
+// stream left out of its weights).
 
 // Streams whose raw step is its bytes, widened by half().
 struct RawBytesStream : StreamRows<uint8_t> {
   static constexpr bool kNanCodes = false;
+  static constexpr float kDotScale = 1.0f;
   using Raw = const uint8_t*;
   template <bool>
   Raw fetch(int, const uint8_t* src, int64_t) const {
@@ -120,10 +124,16 @@ struct DenseStream : RawBytesStream {
   }
 };
 
+// e4m3 rows. kScaledDot (activations with ActivationCodes::bounded_codes): the weights stay at
+// value · 2^-8 (cvtph alone) and the dot is multiplied by 2^8, one multiply fewer per 8 weights.
+// Every product and partial sum is then zero or a normal fp32 number (a multiple of 2^-26, far
+// below overflow), as in the reference's order, so each rounding and the dot have the same bits.
+template <bool kScaledDot>
 struct Fp8Stream : StreamRows<uint8_t> {
   static constexpr int kHalfBytes = 2;
   static constexpr int kDecodeChannels = 4;
   static constexpr bool kNanCodes = true;
+  static constexpr float kDotScale = kScaledDot ? 256.0f : 1.0f;
   using Raw = __m256i;
   template <bool kNan>
   Raw fetch(int, const uint8_t* src, int64_t) const {
@@ -131,7 +141,7 @@ struct Fp8Stream : StreamRows<uint8_t> {
   }
   template <int kHalf>
   __m256 half(Raw f16) const {
-    return e4m3_half<kHalf>(f16);
+    return e4m3_half<kHalf, !kScaledDot>(f16);
   }
 };
 
@@ -175,6 +185,7 @@ template <int kGroup>
 struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
   static constexpr int kDecodeChannels = 4;
+  static constexpr float kDotScale = 1.0f;
   struct Raw {
     const uint8_t* src;  // 8 bytes: 16 nibbles
     __m256i table;       // the row of the step's scale code
@@ -347,6 +358,9 @@ struct FloatDots {
       step(i, w, tail_mask8(left), tail_mask8(left - 8), std::true_type{}, may_hold_nan);
     }
     fold_dots(lo, hi, part);
+    if constexpr (Stream::kDotScale != 1.0f)
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) part[r][c] *= Stream::kDotScale;
   }
 };
 
@@ -523,7 +537,8 @@ void scaled_gemm_avx2(const ActivationCodes& a, int64_t m, const WeightOperand& 
   const Buffers buffers(carver, w);
   const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
   if (w.coding == WeightCoding::kInt8 && a.integer) return run_int8_codes(call, buffers.a16);
-  run_with_weight_stream<DenseStream, Fp8Stream, Int8AsFloatStream, Fp4Stream>(
+  if (w.coding == WeightCoding::kFp8 && a.bounded_codes) return run_float(call, Fp8Stream<true>{});
+  run_with_weight_stream<DenseStream, Fp8Stream<false>, Int8AsFloatStream, Fp4Stream>(
       w, [&](auto stream) { run_float(call, stream); });
 }
 
