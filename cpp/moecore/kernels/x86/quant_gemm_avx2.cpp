@@ -94,9 +94,8 @@ inline __m256 e4m3_half(__m256i f16) {
 // or a zero-padded copy of a tail: zero bytes decode to +0) in the stream's raw form, and
 // half<h>(raw) gives elements [i + 8h, i + 8h + 8) exactly in fp32 (the halves are widened one
 // after the other, so that a tile's C raw steps, not 2·C fp32 vectors, wait in registers).
-// Element i starts at byte i · kHalfBytes / 2 of row[c]. kDecodeChannels: the channels of a
-// one-row tile (walk_tiles). kDotScale: what each folded dot is multiplied by (a power of two the
-// stream left out of its weights).
+// Element i starts at byte i · kHalfBytes / 2 of row[c]. kDotScale: what each folded dot is
+// multiplied by (a power of two the stream left out of its weights).
 
 // Streams whose raw step is its bytes, widened by half().
 struct RawBytesStream : StreamRows<uint8_t> {
@@ -112,7 +111,6 @@ struct RawBytesStream : StreamRows<uint8_t> {
 template <DType kDtype>
 struct DenseStream : RawBytesStream {
   static constexpr int kHalfBytes = kDtype == DType::kF32 ? 8 : 4;
-  static constexpr int kDecodeChannels = 1;
   template <int kHalf>
   __m256 half(Raw src) const {
     src += kHalf * 8 * kHalfBytes / 2;
@@ -131,7 +129,6 @@ struct DenseStream : RawBytesStream {
 template <bool kScaledDot>
 struct Fp8Stream : StreamRows<uint8_t> {
   static constexpr int kHalfBytes = 2;
-  static constexpr int kDecodeChannels = 4;
   static constexpr bool kNanCodes = true;
   static constexpr float kDotScale = kScaledDot ? 256.0f : 1.0f;
   using Raw = __m256i;
@@ -148,7 +145,6 @@ struct Fp8Stream : StreamRows<uint8_t> {
 // int8 codes against activations that are not integer codes: fp32 products like the reference.
 struct Int8AsFloatStream : RawBytesStream {
   static constexpr int kHalfBytes = 2;
-  static constexpr int kDecodeChannels = 4;
   template <int kHalf>
   __m256 half(Raw src) const {
     return _mm256_cvtepi32_ps(
@@ -184,7 +180,6 @@ struct Fp4SignedTables {
 template <int kGroup>
 struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
-  static constexpr int kDecodeChannels = 4;
   static constexpr float kDotScale = 1.0f;
   struct Raw {
     const uint8_t* src;  // 8 bytes: 16 nibbles
@@ -283,7 +278,6 @@ inline void fold_dots(const __m256 (&lo)[R][C], const __m256 (&hi)[R][C], float 
 // Canonical fp32 dots of R activation rows × C streamed weight rows over K range [k0, k0 + len).
 template <class Stream>
 struct FloatDots {
-  static constexpr int kDecodeChannels = Stream::kDecodeChannels;
   Stream stream;
   const ActivationCodes* a;
   int64_t ahead = 0;  // prefetch lead (set by walk)
@@ -367,8 +361,7 @@ struct FloatDots {
 // Exact int32 dots of int8 codes: activations pre-packed to int16 rows (zero-padded), weights
 // sign-extended, pairs multiplied and added by vpmaddwd. Integer sums are order-free.
 struct IntDots {
-  static constexpr int kDecodeChannels = 1;  // a load, a widen and a vpmaddwd per 16 codes
-  Int8AsFloatStream stream;                  // only its row pointers
+  Int8AsFloatStream stream;  // only its row pointers
   const int16_t* a;
   int64_t lda;
   int64_t ahead = 0;  // prefetch lead (set by walk)
@@ -476,18 +469,16 @@ void walk(const Call& call, Dots& dots) {
   }
 }
 
-// Tile shapes (channels × rows) by the call's rows. One row: Dots::kDecodeChannels × 1. Where a
-// decode is a load and a widen (dense rows, int8 codes) one channel keeps the walk one memory
-// stream, read in address order, which the hardware prefetchers follow best (Zen 3, Qwen3-30B-A3B
-// decode: int8 18 % and bf16 8 % faster than 4 × 1); heavier decodes (fp8, fp4, int8 as floats)
-// need 4 × 1's four independent chains (1 × 1 made them 25–40 % slower). Two rows, 2 × 2; more,
-// 1 × 4 (each decoded weight vector serves four rows: faster on Zen 4 than 2 × 3 or 3 × 2, whose
-// raw weights and lane sums spill). Each output's arithmetic is the same in every shape, so
-// results never depend on M.
+// Tile shapes (channels × rows) by the call's rows: one row, 4 × 1 (four weight streams in
+// flight, 8 lane sums); two rows, 2 × 2; more, 1 × 4 (each decoded weight vector serves four
+// rows: faster on Zen 4 than 2 × 3 or 3 × 2, whose raw weights and lane sums spill). Each
+// output's arithmetic is the same in every shape, so results never depend on M. (One weight row
+// per one-row tile made dense and int8-code decode 8–18 % faster on a Zen 3 and 25–28 % slower on
+// a Xeon; bench/RESULTS.md.)
 template <class Dots>
 void walk_tiles(const Call& call, Dots& dots) {
   if (call.m <= 1)
-    walk<Dots::kDecodeChannels, 1>(call, dots);
+    walk<4, 1>(call, dots);
   else if (call.m == 2)
     walk<2, 2>(call, dots);
   else
