@@ -13,8 +13,8 @@ layer small enough to stay cached would otherwise report more than the machine's
 Bounds come from probes run in the same process with the same thread counts: a STREAM-like read
 bandwidth (several streams per thread) and the peak of the best multiply-add the machine has
 (AMX TDPBF16PS, else AVX512-BF16 VDPBF16PS, else fp32 FMA on zmm or ymm, else portable fp32
-multiply-add). A row's "% of bound"
-is max(weight bytes / bandwidth, FLOPs / peak) over its time: 100 % is the roofline.
+multiply-add). A row's "% of bound" is max(weight bytes / bandwidth, FLOPs / peak) over its time:
+100 % is the roofline.
 """
 
 from __future__ import annotations
