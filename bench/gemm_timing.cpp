@@ -1,9 +1,13 @@
-// Times one call of each bf16-capable scaled-GEMM row (avx512_bf16, amx, amx_float_tiles) on one
-// thread, warm caches: shapes "m n k" with bf16, fp8 (per channel) or nvfp4 weights, each row's
-// median against this thread's measured peak (the AMX bf16 probe where the machine has AMX, else
-// the AVX512-BF16 one). A tool for tuning a kernel row in isolation, beside `python -m moecore
-// bench`, which times whole layers. Built with the tests:
-//   ninja -C build moecore_gemm_timing && build/moecore_gemm_timing [repeats] [m n k coding]...
+// Times one call of scaled-GEMM kernel rows on one thread, warm caches: shapes "m n k coding"
+// with bf16, fp8 (per channel), int8 (per channel, int8 activation codes), nvfp4 or mxfp4 weights.
+// Each row reports its median and best time, the weights' bytes over the median (GB/s: what decode,
+// M = 1, is bound by once the weights come from memory) and GFLOP/s against this thread's measured
+// peak (the machine's strongest probe kind). A tool for tuning a kernel row in isolation, beside
+// `python -m moecore bench`, which times whole layers. Built with the tests:
+//   ninja -C build moecore_gemm_timing
+//   build/moecore_gemm_timing [--rows=avx2,scalar] [repeats] [m n k coding]...
+// --rows names kernel rows (isa levels, or amx_float_tiles); default: every row the machine
+// runs from avx2 up (the scalar reference only when named).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,18 +29,24 @@ using namespace moecore;
 
 struct Shape {
   int64_t m, n, k;
-  std::string coding;  // bf16, fp8, nvfp4
+  std::string coding;  // bf16, fp8, int8, nvfp4, mxfp4
 };
 
 // Expert 0's weights [1, n, k] of `coding` with random codes and unit scales.
 struct Weights {
-  Tensor data, scale, alpha;
+  Tensor data, scale;
   WeightOperand w;
+  int64_t bytes = 0;  // codes and scales
 };
 
 Weights make_weights(const Shape& s, std::mt19937& rng) {
   Weights out;
   std::uniform_int_distribution<int> byte(0, 255);
+  auto random_bytes = [&](Tensor& t, int mask) {
+    auto* p = static_cast<uint8_t*>(t.view().data);
+    for (int64_t i = 0; i < t.numel() * dtype_size(t.dtype()); ++i)
+      p[i] = static_cast<uint8_t>(byte(rng) & mask);
+  };
   WeightOperand& w = out.w;
   w.num_experts = 1;
   w.n = s.n;
@@ -48,28 +58,40 @@ Weights make_weights(const Shape& s, std::mt19937& rng) {
     for (int64_t i = 0; i < s.n * s.k; ++i)
       p[i] = static_cast<uint16_t>(bits(rng) ^ (byte(rng) << 15 & 0x8000));
     w.coding = WeightCoding::kDense;
-  } else if (s.coding == "fp8") {
-    out.data = Tensor::empty({1, s.n, s.k}, DType::kF8E4M3);
-    auto* p = static_cast<uint8_t*>(out.data.view().data);
-    for (int64_t i = 0; i < s.n * s.k; ++i)
-      p[i] = static_cast<uint8_t>(byte(rng) & 0xef);  // no NaN
+  } else if (s.coding == "fp8" || s.coding == "int8") {
+    const bool fp8 = s.coding == "fp8";
+    out.data = Tensor::empty({1, s.n, s.k}, fp8 ? DType::kF8E4M3 : DType::kI8);
+    random_bytes(out.data, fp8 ? 0xef : 0xff);  // fp8: no NaN code
     out.scale = Tensor::empty({1, s.n}, DType::kF32);
     std::fill(out.scale.ptr<float>(), out.scale.ptr<float>() + s.n, 1.0f);
-    w.coding = WeightCoding::kFp8;
-    w.scale = out.scale.view();
-  } else if (s.coding == "nvfp4") {
+    w.coding = fp8 ? WeightCoding::kFp8 : WeightCoding::kInt8;
+  } else if (s.coding == "nvfp4" || s.coding == "mxfp4") {
+    const bool nv = s.coding == "nvfp4";
+    const int64_t group = nv ? 16 : 32;
+    if (s.k % group != 0) {
+      std::fprintf(stderr, "%s K must be a multiple of %lld\n", s.coding.c_str(),
+                   static_cast<long long>(group));
+      std::exit(2);
+    }
     out.data = Tensor::empty({1, s.n, s.k / 2}, DType::kU8);
-    auto* p = static_cast<uint8_t*>(out.data.view().data);
-    for (int64_t i = 0; i < s.n * s.k / 2; ++i) p[i] = static_cast<uint8_t>(byte(rng));
-    out.scale = Tensor::empty({1, s.n, s.k / 16}, DType::kU8);
-    std::fill(out.scale.ptr<uint8_t>(), out.scale.ptr<uint8_t>() + s.n * s.k / 16, uint8_t{0x38});
-    w.coding = WeightCoding::kNvfp4;
-    w.scale = out.scale.view();
+    random_bytes(out.data, 0xff);
+    out.scale = Tensor::empty({1, s.n, s.k / group}, DType::kU8);
+    // Scales around 1 (e4m3 0x30–0x3f, e8m0 124–131): a mix of table rows, as a model's.
+    auto* codes = out.scale.ptr<uint8_t>();
+    for (int64_t i = 0; i < s.n * s.k / group; ++i)
+      codes[i] = static_cast<uint8_t>(nv ? 0x30 + (byte(rng) & 15) : 124 + (byte(rng) & 7));
+    w.coding = nv ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4;
   } else {
-    std::fprintf(stderr, "coding must be bf16, fp8 or nvfp4, got %s\n", s.coding.c_str());
+    std::fprintf(stderr, "coding must be bf16, fp8, int8, nvfp4 or mxfp4, got %s\n",
+                 s.coding.c_str());
     std::exit(2);
   }
   w.data = out.data.view();
+  out.bytes = out.data.numel() * dtype_size(out.data.dtype());
+  if (out.scale.defined()) {
+    w.scale = out.scale.view();
+    out.bytes += out.scale.numel() * dtype_size(out.scale.dtype());
+  }
   return out;
 }
 
@@ -78,45 +100,84 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// A kernel row to time: an ISA level, with the AMX float tiles or not.
+struct Row {
+  IsaLevel level;
+  bool float_tiles;
+};
+
+std::vector<Row> parse_rows(const std::string& list) {
+  std::vector<Row> rows;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    if (name == "amx_float_tiles")
+      rows.push_back({IsaLevel::kAmx, true});
+    else
+      rows.push_back({parse_isa_level(name), false});
+    at = comma + 1;
+  }
+  return rows;
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
-  const int repeats = argc > 1 ? std::atoi(argv[1]) : 9;
+int main(int argc, char** argv) try {
+  int arg = 1;
+  std::vector<Row> rows;
+  if (argc > arg && std::strncmp(argv[arg], "--rows=", 7) == 0) rows = parse_rows(argv[arg++] + 7);
+  const int repeats = argc > arg ? std::atoi(argv[arg++]) : 9;
   std::vector<Shape> shapes;
-  for (int i = 2; i + 3 < argc; i += 4)
+  for (int i = arg; i + 3 < argc; i += 4)
     shapes.push_back(
         {std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2]), argv[i + 3]});
   if (shapes.empty())
-    shapes = {{256, 512, 4096, "bf16"}, {32, 512, 4096, "bf16"}, {256, 512, 4096, "nvfp4"}};
-  ThreadPool::instance().set_num_threads(1);
-  const bool amx = detected_isa_level() >= IsaLevel::kAmx;
-  if (detected_isa_level() < IsaLevel::kAvx512Bf16) {
-    std::printf("this machine has no AVX512-BF16: nothing to time\n");
-    return 0;
+    shapes = {{1, 1536, 2048, "bf16"}, {1, 1536, 2048, "nvfp4"}, {256, 512, 4096, "bf16"}};
+  const IsaLevel detected = detected_isa_level();
+  if (rows.empty()) {
+    for (IsaLevel level : available_isa_levels())
+      if (level >= IsaLevel::kAvx2) rows.push_back({level, false});
+    if (detected >= IsaLevel::kAmx) rows.push_back({IsaLevel::kAmx, true});
   }
-  const ProbeResult peak = probe_peak(amx ? PeakKind::kAmxBf16 : PeakKind::kAvx512Bf16, 1 << 20, 3);
-  std::printf("1-thread peak %.1f GFLOP/s (%s)\n", peak.rate, amx ? "amx_bf16" : "avx512_bf16");
-  std::printf("%-24s %-16s %10s %10s %8s\n", "m n k coding", "row", "ms", "GFLOP/s", "% peak");
-  std::vector<std::pair<IsaLevel, bool>> rows = {{IsaLevel::kAvx512Bf16, false}};
-  if (amx) rows.insert(rows.end(), {{IsaLevel::kAmx, false}, {IsaLevel::kAmx, true}});
+  for (const Row& row : rows)
+    if (row.level > detected) {
+      std::fprintf(stderr, "this machine runs rows up to %s, not %s\n", isa_level_name(detected),
+                   isa_level_name(row.level));
+      return 2;
+    }
+  ThreadPool::instance().set_num_threads(1);
+  const PeakKind peak_kind = available_peak_kinds().back();
+  const ProbeResult peak = probe_peak(peak_kind, 1 << 20, 3);
+  std::printf("1-thread peak %.1f GFLOP/s (%s)\n", peak.rate, peak_kind_name(peak_kind));
+  std::printf("%-24s %-16s %10s %10s %8s %10s %8s\n", "m n k coding", "row", "ms", "best ms",
+              "GB/s", "GFLOP/s", "% peak");
   for (const Shape& s : shapes) {
     std::mt19937 rng(1);
     const Weights weights = make_weights(s, rng);
-    std::uniform_int_distribution<int> bits(0x3c00, 0x3fff);
+    const bool integer = s.coding == "int8";
+    // Activation codes as the quantizers make them: int8 values, else bf16 values in [2^-7, 2).
+    std::uniform_int_distribution<int> bits(0x3c00, 0x3fff), int8_code(-127, 127);
     std::vector<float> codes(static_cast<size_t>(s.m * s.k));
     for (float& v : codes) {
-      const uint32_t u = static_cast<uint32_t>(bits(rng)) << 16;  // a bf16 value as fp32
+      if (integer) {
+        v = static_cast<float>(int8_code(rng));
+        continue;
+      }
+      const uint32_t u = static_cast<uint32_t>(bits(rng)) << 16;
       std::memcpy(&v, &u, sizeof v);
     }
     ActivationCodes a;
     a.codes = codes.data();
     a.ld = s.k;
+    a.integer = integer;
     a.bf16_exact = true;
+    a.bounded_codes = true;
     std::vector<float> out(static_cast<size_t>(s.m * s.n));
     const std::string name = std::to_string(s.m) + " " + std::to_string(s.n) + " " +
                              std::to_string(s.k) + " " + s.coding;
-    for (auto [level, tiles] : rows) {
-      const ScaledGemmFn kernel = scaled_gemm_kernel(level, tiles);
+    for (const Row& row : rows) {
+      const ScaledGemmFn kernel = scaled_gemm_kernel(row.level, row.float_tiles);
       std::vector<double> ms;
       for (int r = 0; r <= repeats; ++r) {  // the first call warms up
         const auto t0 = std::chrono::steady_clock::now();
@@ -125,9 +186,13 @@ int main(int argc, char** argv) {
         if (r > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       }
       const double t = median(ms), gflops = 2.0 * s.m * s.n * s.k / (t * 1e6);
-      std::printf("%-24s %-16s %10.3f %10.1f %7.1f%%\n", name.c_str(),
-                  scaled_gemm_kernel_name(kernel), t, gflops, 100.0 * gflops / peak.rate);
+      std::printf("%-24s %-16s %10.4f %10.4f %8.2f %10.1f %7.1f%%\n", name.c_str(),
+                  scaled_gemm_kernel_name(kernel), t, *std::min_element(ms.begin(), ms.end()),
+                  weights.bytes / (t * 1e6), gflops, 100.0 * gflops / peak.rate);
     }
   }
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 2;
 }

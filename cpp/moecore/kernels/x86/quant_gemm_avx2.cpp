@@ -13,7 +13,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -27,6 +26,12 @@ namespace {
 
 // Activation rows widened to int16 at a time by int8 × int8 calls (as in the avx512 row).
 constexpr int64_t kIntRowChunk = 64;
+// Activation rows laid out in an fp4 stream's lane order at a time (tiles hold at most 4 rows).
+constexpr int64_t kPermutedRowChunk = 8;
+
+bool is_fp4(WeightCoding coding) {
+  return coding == WeightCoding::kNvfp4 || coding == WeightCoding::kMxfp4;
+}
 
 // int16 codes per widened activation row: K rounded up to whole 16-lane loads (zero-padded).
 int64_t int16_row_length(int64_t k) { return (k + 15) / 16 * 16; }
@@ -35,10 +40,12 @@ int64_t int16_row_length(int64_t k) { return (k + 15) / 16 * 16; }
 struct Buffers {
   float* w_scales;  // [kMaxChannels, nb]: K-block scales of the channel tile
   int16_t* a16;     // [kIntRowChunk, int16_row_length(K)]: widened int8 codes (kInt8)
+  float* permuted;  // [kPermutedRowChunk, K]: activations in an fp4 stream's lane order
   Buffers(ScratchCarver& s, const WeightOperand& w)
       : w_scales(s.take<float>(kMaxChannels * w.num_k_blocks())),
         a16(w.coding == WeightCoding::kInt8 ? s.take<int16_t>(kIntRowChunk * int16_row_length(w.k))
-                                            : nullptr) {}
+                                            : nullptr),
+        permuted(is_fp4(w.coding) ? s.take<float>(kPermutedRowChunk * w.k) : nullptr) {}
 };
 
 /// _mm256_maskload_ps mask of lanes [0, min(max(left, 0), 8)).
@@ -95,12 +102,15 @@ inline __m256 e4m3_half(__m256i f16) {
 // half<h>(raw) gives elements [i + 8h, i + 8h + 8) exactly in fp32 (the halves are widened one
 // after the other, so that a tile's C raw steps, not 2·C fp32 vectors, wait in registers).
 // Element i starts at byte i · kHalfBytes / 2 of row[c]. kDotScale: what each folded dot is
-// multiplied by (a power of two the stream left out of its weights).
+// multiplied by (a power of two the stream left out of its weights). kPermutedLanes: half h holds
+// the step's elements kLaneOrder[8h …] instead of 8h … 8h + 7, the activations come in that order
+// too (run_permuted), and to_canonical_lanes puts the lane sums back in order before the fold.
 
 // Streams whose raw step is its bytes, widened by half().
 struct RawBytesStream : StreamRows<uint8_t> {
   static constexpr bool kNanCodes = false;
   static constexpr float kDotScale = 1.0f;
+  static constexpr bool kPermutedLanes = false;
   using Raw = const uint8_t*;
   template <bool>
   Raw fetch(int, const uint8_t* src, int64_t) const {
@@ -131,6 +141,7 @@ struct Fp8Stream : StreamRows<uint8_t> {
   static constexpr int kHalfBytes = 2;
   static constexpr bool kNanCodes = true;
   static constexpr float kDotScale = kScaledDot ? 256.0f : 1.0f;
+  static constexpr bool kPermutedLanes = false;
   using Raw = __m256i;
   template <bool kNan>
   Raw fetch(int, const uint8_t* src, int64_t) const {
@@ -152,61 +163,79 @@ struct Int8AsFloatStream : RawBytesStream {
   }
 };
 
-// The fp4 tables of quant_gemm.h arranged for one 8-entry permute per 8 weights. A lane holding
-// nibble n = 8·s + m (sign s, magnitude m) in its low bits keeps it in bits 28–31 after a shift
-// left by 28; the permute reads bits 0–2 (m). Entry m of a scale code's row holds the bits of
-// value m XOR (m << 28), so XOR with the shifted nibble gives value m with its sign bit flipped
-// by s: value 8 + m of the reference table, bit for bit (−v is v with its sign flipped), or a NaN
-// where the scale is one.
-struct Fp4SignedTables {
-  alignas(32) uint32_t values[256][8];
-  explicit Fp4SignedTables(const Fp4Tables& reference) {
+// The fp4 tables of quant_gemm.h as byte tables for vpshufb: every entry e2m1(j) · scale is a
+// bf16 value (≤ 2 significant bits times an e4m3 value or a power of two), so its fp32 bits are
+// two bytes and 16 zero bits. Row `code` holds the low bytes of entries 0–15, then the high
+// bytes.
+struct Fp4ByteTables {
+  alignas(32) uint8_t bytes[256][2][16];
+  explicit Fp4ByteTables(const Fp4Tables& reference) {
     for (int code = 0; code < 256; ++code)
-      for (int m = 0; m < 8; ++m) {
-        const float v = reference.values[code][m], negative = reference.values[code][8 + m];
-        uint32_t bits, negative_bits;
-        std::memcpy(&bits, &v, sizeof bits);
-        std::memcpy(&negative_bits, &negative, sizeof bits);
-        MOECORE_INTERNAL_CHECK(negative_bits == (bits ^ 0x80000000u) || std::isnan(v + negative),
-                               "fp4 scale code ", code, ": entry ", 8 + m, " is not −(entry ", m,
-                               ")");
-        values[code][m] = bits ^ (static_cast<uint32_t>(m) << 28);
+      for (int j = 0; j < 16; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, &reference.values[code][j], sizeof bits);
+        MOECORE_INTERNAL_CHECK((bits & 0xffff) == 0, "fp4 scale code ", code, ": entry ", j,
+                               " is not a bf16 value");
+        bytes[code][0][j] = static_cast<uint8_t>(bits >> 16);
+        bytes[code][1][j] = static_cast<uint8_t>(bits >> 24);
       }
   }
 };
 
 // fp4 rows (x86/row_common.h; K is a multiple of kGroup, so no step has a tail and a step lies
-// in one group): one permute of the step's Fp4SignedTables row per 8 weights.
+// in one group). A step's 8 bytes give the nibbles of elements 0, 2, …, 14 (low) and 1, 3, …, 15
+// (high) in the two 128-bit lanes, two vpshufb look up their bf16 bytes in the step's table row
+// and one unpack makes them bf16 words: lane 0 holds elements 0, 2, …, 14 and lane 1 the odd
+// ones. The words' low halves (shifted up 16 bits) and high halves (masked) are then the fp32
+// weights of the elements in kLaneOrder: no permute and no multiply per step (vpermd issues at half
+// vpshufb's rate on Zen 3). The activations are laid out in the same order (run_permuted), so each
+// lane sum adds the elements the canonical one does, in the same order.
 template <int kGroup>
 struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
   static constexpr float kDotScale = 1.0f;
-  struct Raw {
-    const uint8_t* src;  // 8 bytes: 16 nibbles
-    __m256i table;       // the row of the step's scale code
-  };
   static constexpr bool kNanCodes = false;
+  static constexpr bool kPermutedLanes = true;
+  // The canonical lane (element of the 16-element step) in each position of half 0, then half 1.
+  static constexpr int kLaneOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+  using Raw = __m256i;
   template <bool>
   Raw fetch(int c, const uint8_t* src, int64_t i) const {
-    return {src, _mm256_load_si256(
-                     reinterpret_cast<const __m256i*>(tables.values[this->scale_code(c, i)]))};
+    int64_t packed;
+    std::memcpy(&packed, src, sizeof packed);
+    // Both lanes hold the 8 bytes; lane 1 shifted right by 4: its bytes' high nibbles, masked.
+    const __m256i nibbles = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi64x(packed), _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+        _mm256_set1_epi8(0x0f));
+    const uint8_t (&row)[2][16] = tables.bytes[this->scale_code(c, i)];
+    const __m256i low =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(row[0])));
+    const __m256i high =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(row[1])));
+    return _mm256_unpacklo_epi8(_mm256_shuffle_epi8(low, nibbles),
+                                _mm256_shuffle_epi8(high, nibbles));
   }
   template <int kHalf>
-  __m256 half(const Raw& raw) const {
-    // Element j of the 8 is nibble j of the 32-bit word: shift lane j right by 4j.
-    int32_t word;
-    std::memcpy(&word, raw.src + 4 * kHalf, sizeof word);
-    const __m256i nibbles =
-        _mm256_srlv_epi32(_mm256_set1_epi32(word), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    const __m256i entry = _mm256_permutevar8x32_epi32(raw.table, nibbles);
-    return _mm256_castsi256_ps(_mm256_xor_si256(entry, _mm256_slli_epi32(nibbles, 28)));
+  __m256 half(Raw words) const {
+    if constexpr (kHalf == 0) return _mm256_castsi256_ps(_mm256_slli_epi32(words, 16));
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(words, _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+  }
+  // Lane sums in kLaneOrder (lo: 0, 4, 8, 12, 1, 5, 9, 13; hi: 2, 6, …, 15) → lo: 0 … 7, hi:
+  // 8 … 15. Interleaving lo and hi by pairs gives lanes 0, 2, 4, 6, 1, 3, 5, 7 and 8, 10, …, 15 in
+  // the same order; one permute sorts each (once per dot, not per step).
+  static void to_canonical_lanes(__m256& lo, __m256& hi) {
+    const __m256i sorted = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256 evens = _mm256_unpacklo_ps(lo, hi), odds = _mm256_unpackhi_ps(lo, hi);
+    lo = _mm256_permutevar8x32_ps(evens, sorted);
+    hi = _mm256_permutevar8x32_ps(odds, sorted);
   }
 
-  static const Fp4SignedTables& tables_of_coding() {
-    static const Fp4SignedTables tables(fp4_tables<kGroup>());
+  static const Fp4ByteTables& tables_of_coding() {
+    static const Fp4ByteTables tables(fp4_tables<kGroup>());
     return tables;
   }
-  const Fp4SignedTables& tables = tables_of_coding();
+  const Fp4ByteTables& tables = tables_of_coding();
 };
 
 /// Bytes from one weight row of a stream to the next (the contract layout's row stride).
@@ -280,6 +309,9 @@ template <class Stream>
 struct FloatDots {
   Stream stream;
   const ActivationCodes* a;
+  // Streams with kPermutedLanes: the call's activation rows in kLaneOrder, row r at r · ld.
+  const float* permuted = nullptr;
+  int64_t permuted_ld = 0;
   int64_t ahead = 0;  // prefetch lead (set by walk)
 
   template <int R, int C>
@@ -293,7 +325,8 @@ struct FloatDots {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
     const float* rows[R];
-    for (int r = 0; r < R; ++r) rows[r] = a->row(r0 + r) + k0;
+    for (int r = 0; r < R; ++r)
+      rows[r] = (Stream::kPermutedLanes ? permuted + (r0 + r) * permuted_ld : a->row(r0 + r)) + k0;
     // One 16-element step: the raw weights of channel c from w[c] (element k0 + i of its row),
     // then per half the weights in fp32 times activations [i + 8h, i + 8h + 8) (masked in a
     // tail: lanes past len are +0) into that half's lane sums.
@@ -351,6 +384,9 @@ struct FloatDots {
       }
       step(i, w, tail_mask8(left), tail_mask8(left - 8), std::true_type{}, may_hold_nan);
     }
+    if constexpr (Stream::kPermutedLanes)
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) Stream::to_canonical_lanes(lo[r][c], hi[r][c]);
     fold_dots(lo, hi, part);
     if constexpr (Stream::kDotScale != 1.0f)
       for (int r = 0; r < R; ++r)
@@ -485,10 +521,33 @@ void walk_tiles(const Call& call, Dots& dots) {
     walk<1, 4>(call, dots);
 }
 
+// Streams with kPermutedLanes: activation rows [0, m) in chunks of kPermutedRowChunk, each laid
+// out in the stream's lane order (per 16-element step) and walked as a call of its own.
 template <class Stream>
-void run_float(const Call& call, Stream stream) {
-  FloatDots<Stream> dots{stream, &call.a};
-  walk_tiles(call, dots);
+void run_permuted(const Call& call, Stream stream, float* permuted) {
+  const int64_t k = call.w.k;
+  for (int64_t r0 = 0; r0 < call.m; r0 += kPermutedRowChunk) {
+    const int64_t rows = std::min(kPermutedRowChunk, call.m - r0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = call.a.row(r0 + r);
+      float* dst = permuted + r * k;
+      for (int64_t i = 0; i < k; i += 16)
+        for (int p = 0; p < 16; ++p) dst[i + p] = src[i + Stream::kLaneOrder[p]];
+    }
+    const Call chunk = call.rows_from(r0, rows);
+    FloatDots<Stream> dots{stream, &chunk.a, permuted, k};
+    walk_tiles(chunk, dots);
+  }
+}
+
+template <class Stream>
+void run_float(const Call& call, Stream stream, float* permuted) {
+  if constexpr (Stream::kPermutedLanes) {
+    run_permuted(call, stream, permuted);
+  } else {
+    FloatDots<Stream> dots{stream, &call.a};
+    walk_tiles(call, dots);
+  }
 }
 
 // int8 × int8: activation rows [0, m) in chunks of kIntRowChunk, each widened to int16 rows
@@ -528,9 +587,10 @@ void scaled_gemm_avx2(const ActivationCodes& a, int64_t m, const WeightOperand& 
   const Buffers buffers(carver, w);
   const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
   if (w.coding == WeightCoding::kInt8 && a.integer) return run_int8_codes(call, buffers.a16);
-  if (w.coding == WeightCoding::kFp8 && a.bounded_codes) return run_float(call, Fp8Stream<true>{});
+  if (w.coding == WeightCoding::kFp8 && a.bounded_codes)
+    return run_float(call, Fp8Stream<true>{}, nullptr);
   run_with_weight_stream<DenseStream, Fp8Stream<false>, Int8AsFloatStream, Fp4Stream>(
-      w, [&](auto stream) { run_float(call, stream); });
+      w, [&](auto stream) { run_float(call, stream, buffers.permuted); });
 }
 
 }  // namespace moecore
