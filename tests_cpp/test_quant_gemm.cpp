@@ -182,11 +182,12 @@ TEST_P(QuantGemmTest, BitwiseEqualToScalar) {
   const ScaledGemmFn kernel = scaled_gemm_kernel(level);
   const bool nv = mode == Mode::kNvfp4, mx = mode == Mode::kMxfp4;
   std::mt19937 rng(11);
-  // K tails of 16 and 32 lanes (fp4 K is a whole number of scale groups), odd N.
+  // K tails of 16 and 32 lanes (fp4 K is a whole number of scale groups), odd N; K = 2048 makes
+  // rows of 8 KiB in fp32, so a call's rows span several of the vector rows' L1-sized row chunks.
   const std::vector<std::pair<int64_t, int64_t>> shapes =
-      nv   ? std::vector<std::pair<int64_t, int64_t>>{{7, 48}, {5, 208}}
-      : mx ? std::vector<std::pair<int64_t, int64_t>>{{7, 32}, {5, 224}}
-           : std::vector<std::pair<int64_t, int64_t>>{{7, 37}, {5, 200}, {1, 16}};
+      nv   ? std::vector<std::pair<int64_t, int64_t>>{{7, 48}, {5, 208}, {3, 2048}}
+      : mx ? std::vector<std::pair<int64_t, int64_t>>{{7, 32}, {5, 224}, {3, 2048}}
+           : std::vector<std::pair<int64_t, int64_t>>{{7, 37}, {5, 200}, {1, 16}, {3, 2048}};
   for (auto [n, k] : shapes) {
     const Case c = make_case(rng, mode, n, k);
     for (int64_t m : {1, 2, 3, 7, 16, 33}) {

@@ -24,10 +24,17 @@
 namespace moecore {
 namespace {
 
-// Activation rows widened to int16 at a time by int8 × int8 calls (as in the avx512 row).
-constexpr int64_t kIntRowChunk = 64;
-// Activation rows laid out in an fp4 stream's lane order at a time (tiles hold at most 4 rows).
-constexpr int64_t kPermutedRowChunk = 8;
+// A call walks its activation rows in chunks of about this many bytes (L1-sized), at least one
+// row tile each: the call's weights (an L2-sized column block) then stream once per chunk while
+// the chunk's rows stay in L1, instead of every row streaming once per weight tile (one call at
+// M = 64 and 128 1.2–1.45× faster on a Zen 3; bench/RESULTS.md). Working memory per chunk never
+// depends on M.
+constexpr int64_t kRowChunkBytes = 32 << 10;
+
+/// Rows per chunk for activation rows of `row_bytes` each: whole 4-row tiles, at least one.
+int64_t rows_per_chunk(int64_t row_bytes) {
+  return std::max<int64_t>(4, kRowChunkBytes / row_bytes / 4 * 4);
+}
 
 bool is_fp4(WeightCoding coding) {
   return coding == WeightCoding::kNvfp4 || coding == WeightCoding::kMxfp4;
@@ -35,17 +42,21 @@ bool is_fp4(WeightCoding coding) {
 
 // int16 codes per widened activation row: K rounded up to whole 16-lane loads (zero-padded).
 int64_t int16_row_length(int64_t k) { return (k + 15) / 16 * 16; }
+int64_t int16_row_bytes(int64_t k) { return int16_row_length(k) * 2; }
+int64_t float_row_bytes(int64_t k) { return k * 4; }
 
 // The row's working memory, the same layout for every call on the weight operand.
 struct Buffers {
   float* w_scales;  // [kMaxChannels, nb]: K-block scales of the channel tile
-  int16_t* a16;     // [kIntRowChunk, int16_row_length(K)]: widened int8 codes (kInt8)
-  float* permuted;  // [kPermutedRowChunk, K]: activations in an fp4 stream's lane order
+  int16_t* a16;     // a chunk of int16_row_length(K) rows: widened int8 codes (kInt8)
+  float* permuted;  // a chunk of K-float rows: activations in an fp4 stream's lane order
   Buffers(ScratchCarver& s, const WeightOperand& w)
       : w_scales(s.take<float>(kMaxChannels * w.num_k_blocks())),
-        a16(w.coding == WeightCoding::kInt8 ? s.take<int16_t>(kIntRowChunk * int16_row_length(w.k))
-                                            : nullptr),
-        permuted(is_fp4(w.coding) ? s.take<float>(kPermutedRowChunk * w.k) : nullptr) {}
+        a16(w.coding == WeightCoding::kInt8
+                ? s.take<int16_t>(rows_per_chunk(int16_row_bytes(w.k)) * int16_row_length(w.k))
+                : nullptr),
+        permuted(is_fp4(w.coding) ? s.take<float>(rows_per_chunk(float_row_bytes(w.k)) * w.k)
+                                  : nullptr) {}
 };
 
 /// _mm256_maskload_ps mask of lanes [0, min(max(left, 0), 8)).
@@ -521,44 +532,43 @@ void walk_tiles(const Call& call, Dots& dots) {
     walk<1, 4>(call, dots);
 }
 
-// Streams with kPermutedLanes: activation rows [0, m) in chunks of kPermutedRowChunk, each laid
-// out in the stream's lane order (per 16-element step) and walked as a call of its own.
-template <class Stream>
-void run_permuted(const Call& call, Stream stream, float* permuted) {
-  const int64_t k = call.w.k;
-  for (int64_t r0 = 0; r0 < call.m; r0 += kPermutedRowChunk) {
-    const int64_t rows = std::min(kPermutedRowChunk, call.m - r0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = call.a.row(r0 + r);
-      float* dst = permuted + r * k;
-      for (int64_t i = 0; i < k; i += 16)
-        for (int p = 0; p < 16; ++p) dst[i + p] = src[i + Stream::kLaneOrder[p]];
-    }
-    const Call chunk = call.rows_from(r0, rows);
-    FloatDots<Stream> dots{stream, &chunk.a, permuted, k};
-    walk_tiles(chunk, dots);
-  }
+// run(chunk) for activation rows [0, m) in chunks of rows_per_chunk(row_bytes), each a call of
+// its own (each output's arithmetic never depends on the other rows, so the bits are the same).
+template <class Run>
+void for_each_row_chunk(const Call& call, int64_t row_bytes, Run&& run) {
+  const int64_t step = rows_per_chunk(row_bytes);
+  for (int64_t r0 = 0; r0 < call.m; r0 += step)
+    run(call.rows_from(r0, std::min(step, call.m - r0)));
 }
 
+// Float dots of `stream`, chunk by chunk; a stream with kPermutedLanes reads each chunk's rows laid
+// out in its lane order (per 16-element step) in `permuted`.
 template <class Stream>
 void run_float(const Call& call, Stream stream, float* permuted) {
-  if constexpr (Stream::kPermutedLanes) {
-    run_permuted(call, stream, permuted);
-  } else {
-    FloatDots<Stream> dots{stream, &call.a};
-    walk_tiles(call, dots);
-  }
+  const int64_t k = call.w.k;
+  for_each_row_chunk(call, float_row_bytes(k), [&](const Call& chunk) {
+    FloatDots<Stream> dots{stream, &chunk.a};
+    if constexpr (Stream::kPermutedLanes) {
+      for (int64_t r = 0; r < chunk.m; ++r) {
+        const float* src = chunk.a.row(r);
+        float* dst = permuted + r * k;
+        for (int64_t i = 0; i < k; i += 16)
+          for (int p = 0; p < 16; ++p) dst[i + p] = src[i + Stream::kLaneOrder[p]];
+      }
+      dots.permuted = permuted;
+      dots.permuted_ld = k;
+    }
+    walk_tiles(chunk, dots);
+  });
 }
 
-// int8 × int8: activation rows [0, m) in chunks of kIntRowChunk, each widened to int16 rows
-// (zero-padded to whole 16-lane loads) and walked as a call of its own; integer dots are exact,
-// so a chunk's outputs equal those of one whole call.
+// int8 × int8: chunk by chunk, the activation rows widened to int16 rows (zero-padded to whole
+// 16-lane loads); integer dots are exact.
 void run_int8_codes(const Call& call, int16_t* a16) {
   const int64_t k = call.w.k, ld = int16_row_length(k);
-  for (int64_t r0 = 0; r0 < call.m; r0 += kIntRowChunk) {
-    const int64_t rows = std::min(kIntRowChunk, call.m - r0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = call.a.row(r0 + r);
+  for_each_row_chunk(call, int16_row_bytes(k), [&](const Call& chunk) {
+    for (int64_t r = 0; r < chunk.m; ++r) {
+      const float* src = chunk.a.row(r);
       for (int64_t i = 0; i < ld; i += 8) {
         const __m256i v = _mm256_cvttps_epi32(_mm256_maskload_ps(src + i, tail_mask8(k - i)));
         const __m128i packed =
@@ -567,8 +577,8 @@ void run_int8_codes(const Call& call, int16_t* a16) {
       }
     }
     IntDots dots{Int8AsFloatStream{}, a16, ld};
-    walk_tiles(call.rows_from(r0, rows), dots);
-  }
+    walk_tiles(chunk, dots);
+  });
 }
 
 }  // namespace
