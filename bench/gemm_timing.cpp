@@ -128,10 +128,20 @@ int main(int argc, char** argv) try {
   std::vector<Row> rows;
   if (argc > arg && std::strncmp(argv[arg], "--rows=", 7) == 0) rows = parse_rows(argv[arg++] + 7);
   const int repeats = argc > arg ? std::atoi(argv[arg++]) : 9;
+  if (repeats < 1 || (argc - arg) % 4 != 0) {
+    std::fprintf(stderr, "usage: %s [--rows=avx2,…] [repeats ≥ 1] [m n k coding]...\n", argv[0]);
+    return 2;
+  }
   std::vector<Shape> shapes;
-  for (int i = arg; i + 3 < argc; i += 4)
+  for (int i = arg; i + 3 < argc; i += 4) {
     shapes.push_back(
         {std::atoll(argv[i]), std::atoll(argv[i + 1]), std::atoll(argv[i + 2]), argv[i + 3]});
+    if (shapes.back().m < 1 || shapes.back().n < 1 || shapes.back().k < 1) {
+      std::fprintf(stderr, "m, n and k must be positive: %s %s %s\n", argv[i], argv[i + 1],
+                   argv[i + 2]);
+      return 2;
+    }
+  }
   if (shapes.empty())
     shapes = {{1, 1536, 2048, "bf16"}, {1, 1536, 2048, "nvfp4"}, {256, 512, 4096, "bf16"}};
   const IsaLevel detected = detected_isa_level();
