@@ -1,15 +1,17 @@
 // AVX2 row of the scaled-GEMM table (built with -mavx2 -mfma -mf16c; reach it only through
 // scaled_gemm_kernel()). Bit-identical to scaled_gemm_ref: every dot keeps the canonical order of
-// gemm.h (lanes 0–7 and 8–15 of the 16 lane sums in two __m256, mul then add, never FMA; the
-// first fold step adds the two), K tails are zero-padded copies (nothing read past a row), the
+// gemm.h (lanes 0–7 and 8–15 of the 16 lane sums in two __m256, or for fp4 a fixed permutation
+// of them put back before the fold; mul then add, never FMA; the first fold step adds the two),
+// K tails are zero-padded copies (nothing read past a row), the
 // K-block terms are scaled and added exactly as quant_gemm.h's formula says, and int8×int8 dots
 // are exact int32.
 //
 // The tile walk is the avx512 row's (x86/weight_streams.h) at 8 lanes: a tile of C output
 // channels × R activation rows streams each weight row once, decodes 16 weights at a time in
 // registers (exact; no decoded copy of the weights) and reuses them for all R rows. With 16 ymm
-// registers the tiles are 4 × 1, 2 × 2 and 1 × 4 (walk_tiles). Working memory comes from the
-// call's GemmScratch (Buffers) and never depends on M.
+// registers the tiles are 4 × 1, 2 × 2 and 1 × 4 (walk_tiles), over L1-sized chunks of activation
+// rows (for_each_row_chunk). Working memory comes from the call's GemmScratch (Buffers) and never
+// depends on M.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -115,7 +117,8 @@ inline __m256 e4m3_half(__m256i f16) {
 // Element i starts at byte i · kHalfBytes / 2 of row[c]. kDotScale: what each folded dot is
 // multiplied by (a power of two the stream left out of its weights). kPermutedLanes: half h holds
 // the step's elements kLaneOrder[8h …] instead of 8h … 8h + 7, the activations come in that order
-// too (run_permuted), and to_canonical_lanes puts the lane sums back in order before the fold.
+// too (lay_out_activations, per row chunk in run_float), and to_canonical_lanes puts the lane sums
+// back in order before the fold.
 
 // Streams whose raw step is its bytes, widened by half().
 struct RawBytesStream : StreamRows<uint8_t> {
@@ -199,8 +202,8 @@ struct Fp4ByteTables {
 // and one unpack makes them bf16 words: lane 0 holds elements 0, 2, …, 14 and lane 1 the odd
 // ones. The words' low halves (shifted up 16 bits) and high halves (masked) are then the fp32
 // weights of the elements in kLaneOrder: no permute and no multiply per step (vpermd issues at half
-// vpshufb's rate on Zen 3). The activations are laid out in the same order (run_permuted), so each
-// lane sum adds the elements the canonical one does, in the same order.
+// vpshufb's rate on Zen 3). The activations are laid out in the same order, so each lane sum adds
+// the elements the canonical one does, in the same order.
 template <int kGroup>
 struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
@@ -225,6 +228,11 @@ struct Fp4Stream : Fp4StreamRows<kGroup> {
         _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(row[1])));
     return _mm256_unpacklo_epi8(_mm256_shuffle_epi8(low, nibbles),
                                 _mm256_shuffle_epi8(high, nibbles));
+  }
+  /// A row's K activations in kLaneOrder, 16 by 16.
+  static void lay_out_activations(const float* src, float* dst, int64_t k) {
+    for (int64_t i = 0; i < k; i += 16)
+      for (int p = 0; p < 16; ++p) dst[i + p] = src[i + kLaneOrder[p]];
   }
   template <int kHalf>
   __m256 half(Raw words) const {
@@ -542,19 +550,15 @@ void for_each_row_chunk(const Call& call, int64_t row_bytes, Run&& run) {
 }
 
 // Float dots of `stream`, chunk by chunk; a stream with kPermutedLanes reads each chunk's rows laid
-// out in its lane order (per 16-element step) in `permuted`.
+// out in its lane order in `permuted`.
 template <class Stream>
 void run_float(const Call& call, Stream stream, float* permuted) {
   const int64_t k = call.w.k;
   for_each_row_chunk(call, float_row_bytes(k), [&](const Call& chunk) {
     FloatDots<Stream> dots{stream, &chunk.a};
     if constexpr (Stream::kPermutedLanes) {
-      for (int64_t r = 0; r < chunk.m; ++r) {
-        const float* src = chunk.a.row(r);
-        float* dst = permuted + r * k;
-        for (int64_t i = 0; i < k; i += 16)
-          for (int p = 0; p < 16; ++p) dst[i + p] = src[i + Stream::kLaneOrder[p]];
-      }
+      for (int64_t r = 0; r < chunk.m; ++r)
+        Stream::lay_out_activations(chunk.a.row(r), permuted + r * k, k);
       dots.permuted = permuted;
       dots.permuted_ld = k;
     }
