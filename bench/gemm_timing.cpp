@@ -166,15 +166,16 @@ int main(int argc, char** argv) try {
     std::mt19937 rng(1);
     const Weights weights = make_weights(s, rng);
     const bool integer = s.coding == "int8";
-    // Activation codes as the quantizers make them: int8 values, else bf16 values in [2^-7, 2).
-    std::uniform_int_distribution<int> bits(0x3c00, 0x3fff), int8_code(-127, 127);
+    // Activation codes as the quantizers make them (ActivationCodes::bounded_codes holds): int8
+    // values, else e4m3 values in [2^-6, 2) (bf16 patterns with 3 mantissa bits).
+    std::uniform_int_distribution<int> bits(0x3c80, 0x3fff), int8_code(-127, 127);
     std::vector<float> codes(static_cast<size_t>(s.m * s.k));
     for (float& v : codes) {
       if (integer) {
         v = static_cast<float>(int8_code(rng));
         continue;
       }
-      const uint32_t u = static_cast<uint32_t>(bits(rng)) << 16;
+      const uint32_t u = static_cast<uint32_t>(bits(rng) & 0xfff0) << 16;
       std::memcpy(&v, &u, sizeof v);
     }
     ActivationCodes a;
