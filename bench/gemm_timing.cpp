@@ -5,9 +5,10 @@
 // peak (the machine's strongest probe kind). A tool for tuning a kernel row in isolation, beside
 // `python -m moecore bench`, which times whole layers. Built with the tests:
 //   ninja -C build moecore_gemm_timing
-//   build/moecore_gemm_timing [--rows=avx2,scalar] [repeats] [m n k coding]...
+//   build/moecore_gemm_timing [--rows=avx2,scalar] [--tiles] [repeats] [m n k coding]...
 // --rows names kernel rows (isa levels, or amx_float_tiles); default: every row the machine
-// runs from avx2 up (the scalar reference only when named).
+// runs from avx2 up (the scalar reference only when named). --tiles packs the weight tiles, as a
+// processed layer has them, for the rows that read them.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +23,7 @@
 #include "moecore/isa/isa.h"
 #include "moecore/kernels/probe.h"
 #include "moecore/kernels/quant_gemm.h"
+#include "moecore/kernels/weight_tiles.h"
 
 namespace {
 
@@ -126,10 +128,20 @@ std::vector<Row> parse_rows(const std::string& list) {
 int main(int argc, char** argv) try {
   int arg = 1;
   std::vector<Row> rows;
-  if (argc > arg && std::strncmp(argv[arg], "--rows=", 7) == 0) rows = parse_rows(argv[arg++] + 7);
+  bool tiles = false;
+  for (; argc > arg && std::strncmp(argv[arg], "--", 2) == 0; ++arg) {
+    if (std::strncmp(argv[arg], "--rows=", 7) == 0) {
+      rows = parse_rows(argv[arg] + 7);
+    } else if (std::strcmp(argv[arg], "--tiles") == 0) {
+      tiles = true;
+    } else {
+      std::fprintf(stderr, "unknown option %s (known: --rows=…, --tiles)\n", argv[arg]);
+      return 2;
+    }
+  }
   const int repeats = argc > arg ? std::atoi(argv[arg++]) : 9;
   if (repeats < 1 || (argc - arg) % 4 != 0) {
-    std::fprintf(stderr, "usage: %s [--rows=avx2,…] [repeats ≥ 1] [m n k coding]...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--rows=avx2,…] [--tiles] [repeats ≥ 1] [m n k coding]...\n", argv[0]);
     return 2;
   }
   std::vector<Shape> shapes;
@@ -164,7 +176,12 @@ int main(int argc, char** argv) try {
               "GB/s", "GFLOP/s", "% peak");
   for (const Shape& s : shapes) {
     std::mt19937 rng(1);
-    const Weights weights = make_weights(s, rng);
+    Weights weights = make_weights(s, rng);
+    Tensor weight_tiles;  // as a processed layer's weights (rows that do not read tiles ignore them)
+    if (tiles) {
+      weight_tiles = pack_weight_tiles(weights.data.view());
+      weights.w.tiles = weight_tiles.view();
+    }
     const bool integer = s.coding == "int8";
     // Activation codes as the quantizers make them (ActivationCodes::bounded_codes holds): int8
     // values, else e4m3 values in [2^-6, 2) (bf16 patterns with 3 mantissa bits).

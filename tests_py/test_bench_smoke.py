@@ -9,6 +9,7 @@ import json
 import moecore
 import pytest
 from moecore import _bench as bench
+from moecore._bench import report
 from moecore import _moecore
 from moecore.__main__ import main
 
@@ -35,6 +36,24 @@ def test_probes_measure_both_thread_counts_with_the_best_peak(machine):
     assert set(machine["threads"]) == {1, 2}
     for probe in machine["threads"].values():
         assert probe["gb_per_s"] > 0 and probe["gflop_per_s"] > 0
+        assert probe["streams"] in bench.READ_STREAMS
+
+
+def test_the_read_bound_is_the_best_stream_count(monkeypatch):
+    # A machine whose reads are fastest with 2 streams per thread: the bound is that rate, named.
+    rates = {1: 20.0, 2: 31.0, 4: 27.0, 8: 12.0}
+    asked = []
+
+    def read_bandwidth(nbytes, streams, repeats):
+        asked.append(streams)
+        return {"gb_per_s": rates[streams], "seconds": 1.0, "threads": 1}
+
+    monkeypatch.setattr(_moecore.bench, "read_bandwidth", read_bandwidth)
+    probed = bench.measure_machine(_config(threads=[1]))
+    assert sorted(asked) == sorted(bench.READ_STREAMS)
+    assert probed["threads"][1]["gb_per_s"] == 31.0 and probed["threads"][1]["streams"] == 2
+    line = report.machine_lines(probed, {})[0]
+    assert "read bandwidth 31.0 GB/s (best with 2 streams/thread)" in line
 
 
 def test_probe_arguments_are_checked():

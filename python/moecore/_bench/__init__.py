@@ -11,7 +11,8 @@ layer small enough to stay cached would otherwise report more than the machine's
 (--warm keeps them).
 
 Bounds come from probes run in the same process with the same thread counts: a STREAM-like read
-bandwidth (several streams per thread) and the peak of the best multiply-add the machine has
+bandwidth (the best of 1, 2, 4 and 8 sequential streams per thread: the weight tiles make a decode
+tile one stream, the contract layout several) and the peak of the best multiply-add the machine has
 (AMX TDPBF16PS, else AVX512-BF16 VDPBF16PS, else fp32 FMA on zmm or ymm, else portable fp32
 multiply-add). A row's "% of bound" is max(weight bytes / bandwidth, FLOPs / peak) over its time:
 100 % is the roofline.
@@ -36,6 +37,7 @@ from .workloads import FORMATS, MODEL_SHAPES, SHAPES, TOKENS, build_layer, make_
 __all__ = ["BenchConfig", "measure_machine", "run", "FORMATS", "SHAPES", "TOKENS", "PEERS"]
 
 PEERS = ["torch_eager_bf16", "torch_eager_f32", "torch_grouped_mm_bf16"]
+READ_STREAMS = (1, 2, 4, 8)  # streams per thread the read-bandwidth probe tries; the best counts
 
 
 @dataclass
@@ -106,7 +108,8 @@ def _median_seconds(fn, repeats: int, max_seconds: float, first_seconds: float, 
 
 
 def measure_machine(config: BenchConfig) -> dict:
-    """Read bandwidth and peak per thread count: {"peak_kind", "threads": {t: {...}}}."""
+    """Read bandwidth (the best over READ_STREAMS, and its stream count) and peak per thread
+    count: {"peak_kind", "threads": {t: {"gb_per_s", "streams", "gflop_per_s"}}}."""
     probes = moecore._moecore.bench
     kind = probes.peak_kinds()[-1]
     out = {"peak_kind": kind, "threads": {}}
@@ -114,11 +117,14 @@ def measure_machine(config: BenchConfig) -> dict:
     try:
         for t in config.threads:
             moecore.set_num_threads(t)
-            bw = probes.read_bandwidth(config.bandwidth_bytes, streams=4, repeats=5)
+            reads = {s: probes.read_bandwidth(config.bandwidth_bytes, streams=s, repeats=3)
+                     for s in READ_STREAMS}
+            streams = max(reads, key=lambda s: reads[s]["gb_per_s"])
             calibration = probes.peak(kind, 10_000, repeats=1)  # iterations for ~probe_seconds
             iterations = max(1, int(10_000 * config.probe_seconds / max(calibration["seconds"], 1e-9)))
             peak = probes.peak(kind, iterations, repeats=3)
-            out["threads"][t] = {"gb_per_s": bw["gb_per_s"], "gflop_per_s": peak["gflop_per_s"]}
+            out["threads"][t] = {"gb_per_s": reads[streams]["gb_per_s"], "streams": streams,
+                                 "gflop_per_s": peak["gflop_per_s"]}
     finally:
         moecore.set_num_threads(previous)
     return out
