@@ -1,6 +1,7 @@
 """Weight tiles (kernels/weight_tiles.h): the weights prepacked at load into one stream per decode
 tile. Every runner path gives the same bits with and without them, at every ISA level; the kernel
-rows that stream tiles (avx512_bf16, amx; not the opt-in AMX float tiles) really read them;
+rows that stream tiles (avx512_bf16, amx; not the opt-in AMX float tiles) really read them in
+decode calls, and calls of more rows read the contract rows;
 FusedMoE packs them when it processes its weights unless MoeRunnerConfig.prepack_weight_tiles is
 False."""
 
@@ -41,11 +42,15 @@ def test_tiles_give_the_contract_layouts_bits_and_are_read(fmt, level):
     for m in (1, 3, 16, 40):  # decode tiles of 4 channels, 2-channel tiles, decoded column blocks
         want = _run(plain, m, level)
         np.testing.assert_array_equal(_run(tiled, m, level), want)
-    # Zeroed tiles change the result exactly where the row streams them.
+    # Zeroed tiles change the result exactly where the row streams them: decode calls (4-channel
+    # tiles). Calls of more than 4 rows per expert read the contract rows at every level.
     for t in tiles:
         t[...] = 0
     changed = not np.array_equal(_run(tiled, 1, level), _run(plain, 1, level))
     assert changed == (_runner(tiled, level).config.gemm_kernel in TILE_KERNELS)
+    _, _, ids = make_tokens(np.random.default_rng(5), SHAPE, 40)
+    assert np.bincount(np.asarray(ids).ravel(), minlength=SHAPE.experts).min() > 4
+    np.testing.assert_array_equal(_run(tiled, 40, level), _run(plain, 40, level))
 
 
 def _bf16_layer(**config):

@@ -57,7 +57,7 @@ inline void prefetch_ahead(const Stream& stream, int64_t k, int64_t ahead) {
 template <class Stream>
 struct Bf16Dots {
   Stream stream;
-  const uint8_t* a;  // activation rows, pk.row_bytes() apart
+  const uint8_t* a;  // activation rows, pk.row_stride() apart
   PaddedK pk;
   int64_t ahead = 0;  // prefetch lead (set by walk)
   static constexpr bool kLaneSums = true;
@@ -69,15 +69,15 @@ struct Bf16Dots {
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-    const int64_t row_bytes = pk.row_bytes();
-    const uint8_t* rows = a + r0 * row_bytes + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
+    const int64_t row_stride = pk.row_stride();
+    const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
     for (int64_t i = 0; i < len; i += 32) {
       prefetch_ahead<C>(stream, k0 + i, ahead);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
       for (int r = 0; r < R; ++r) {
-        const __m512i av = _mm512_loadu_si512(rows + r * row_bytes + 2 * i);
+        const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * i);
         for (int c = 0; c < C; ++c)
           acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(av),
                                        reinterpret_cast<__m512bh>(wv[c]));
@@ -101,18 +101,18 @@ constexpr int64_t kDecodeOnceRows = kWalkRows<2> + 1, kDecodedBlockBytes = 256 <
 bool decodes_once(const WeightOperand& w) {
   return w.coding != WeightCoding::kDense && (w.num_k_blocks() == 1 || w.k_block() % 32 == 0);
 }
-int64_t decoded_row_bytes(const WeightOperand& w) { return (w.k + 31) / 32 * kStepBytes; }
+int64_t decoded_row_bytes(const WeightOperand& w) { return odd_lines((w.k + 31) / 32 * kStepBytes); }
 int64_t decoded_columns(const WeightOperand& w) {
   return std::clamp<int64_t>(kDecodedBlockBytes / decoded_row_bytes(w), kMaxChannels, 64);
 }
 
 // The float path's working memory, one layout for every call on the weight operand.
 struct StreamBuffers {
-  uint8_t* a_codes;   // [kRowChunk, row_bytes]: activation rows as bf16
+  uint8_t* a_codes;   // [kRowChunk, row_stride]: activation rows as bf16
   float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
   uint8_t* w_decoded;  // [decoded_columns, decoded_row_bytes] when decodes_once(w)
   StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
-      : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
+      : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
         w_scales(s.take<float>(kMaxChannels * pk.num_blocks)),
         w_decoded(
             s.take<uint8_t>(decodes_once(w) ? decoded_columns(w) * decoded_row_bytes(w) : 0)) {}
@@ -155,7 +155,7 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
     const int64_t rows = std::min(kRowChunk, call.m - r0);
     const Call part = call.rows_from(r0, rows);
     for (int64_t r = 0; r < rows; ++r)
-      pack_codes_row(part.a.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_bytes());
+      pack_codes_row(part.a.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_stride());
     if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
       walk_decoded(part, stream, pk, buffers);
     } else {
@@ -177,9 +177,13 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
   const StreamBuffers buffers(carver, w, pk);
   const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
-  // The weight tiles when w has them (the same codes, one stream per tile), else the contract rows.
+  // The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one
+  // stream per tile), else the contract rows. Walks of 2 channels, and the decode-once pass (a row
+  // at a time), would read each tile group several times over, a part of every 64-byte piece each
+  // time: from memory, 8 × 16384 × 2048 bf16 took 10.0 ms on tiles and 7.8 ms on rows (Zen 4,
+  // moecore_gemm_timing with and without --tiles, 2026-11-27).
   const auto run = [&](auto stream) {
-    stream.tiled = w.tiles.data != nullptr;
+    stream.tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
     run_streamed(call, stream, pk, buffers);
   };
   switch (w.coding) {
@@ -206,12 +210,12 @@ constexpr int kRows = 4, kCols = 4;   // register block: kRows × kCols accumula
 
 // The integer path's working memory, one layout for every call on the weight operand.
 struct PackedBuffers {
-  uint8_t* a_codes;  // [kRowChunk, row_bytes]: packed activation rows
-  uint8_t* w_codes;  // [kColumnBlock, row_bytes]: packed weight rows
+  uint8_t* a_codes;  // [kRowChunk, row_stride]: packed activation rows
+  uint8_t* w_codes;  // [kColumnBlock, row_stride]: packed weight rows
   float* w_scales;   // [kColumnBlock, nb]
   PackedBuffers(ScratchCarver& s, const PaddedK& pk)
-      : a_codes(s.take<uint8_t>(kRowChunk * pk.row_bytes())),
-        w_codes(s.take<uint8_t>(kColumnBlock * pk.row_bytes())),
+      : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
+        w_codes(s.take<uint8_t>(kColumnBlock * pk.row_stride())),
         w_scales(s.take<float>(kColumnBlock * pk.num_blocks)) {}
 };
 
@@ -230,15 +234,15 @@ void fold_block(float dot, const ActivationCodes& a, int64_t r, int64_t b, float
 }
 
 // Exact int32 dots of kRows activation rows with kCols weight rows over steps [s0, s1).
-void int_dot_block(const uint8_t* a, const uint8_t* w, int64_t row_bytes, int64_t s0, int64_t s1,
+void int_dot_block(const uint8_t* a, const uint8_t* w, int64_t row_stride, int64_t s0, int64_t s1,
                    float dots[kRows][kCols]) {
   __m512i acc[kRows][kCols];
   for (auto& row : acc)
     for (auto& v : row) v = _mm512_setzero_si512();
   for (int64_t s = s0; s < s1; ++s) {
     __m512i av[kRows], wv[kCols];
-    for (int i = 0; i < kRows; ++i) av[i] = _mm512_loadu_si512(a + i * row_bytes + s * kStepBytes);
-    for (int j = 0; j < kCols; ++j) wv[j] = _mm512_loadu_si512(w + j * row_bytes + s * kStepBytes);
+    for (int i = 0; i < kRows; ++i) av[i] = _mm512_loadu_si512(a + i * row_stride + s * kStepBytes);
+    for (int j = 0; j < kCols; ++j) wv[j] = _mm512_loadu_si512(w + j * row_stride + s * kStepBytes);
     for (int i = 0; i < kRows; ++i)
       for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_dpwssd_epi32(acc[i][j], av[i], wv[j]);
   }
@@ -251,28 +255,28 @@ void int_dot_block(const uint8_t* a, const uint8_t* w, int64_t row_bytes, int64_
 void int_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                     int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
                     const PackedBuffers& buffers) {
-  const int64_t row_bytes = pk.row_bytes(), nb = pk.num_blocks;
+  const int64_t row_stride = pk.row_stride(), nb = pk.num_blocks;
   const int64_t m_padded = (m + kRows - 1) / kRows * kRows;
   const float alpha = expert_alpha(w, e);
   for (int64_t r = 0; r < m; ++r)
-    pack_codes_row(a.row(r), pk, CodeType::kInt16, buffers.a_codes + r * row_bytes);
-  std::memset(buffers.a_codes + m * row_bytes, 0, static_cast<size_t>((m_padded - m) * row_bytes));
+    pack_codes_row(a.row(r), pk, CodeType::kInt16, buffers.a_codes + r * row_stride);
+  std::memset(buffers.a_codes + m * row_stride, 0, static_cast<size_t>((m_padded - m) * row_stride));
 
   for (int64_t c0 = 0; c0 < n; c0 += kColumnBlock) {
     const int64_t cols = std::min(kColumnBlock, n - c0);
     const int64_t cols_padded = (cols + kCols - 1) / kCols * kCols;
     for (int64_t c = 0; c < cols; ++c)
-      pack_int8_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16, buffers.w_codes + c * row_bytes,
+      pack_int8_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16, buffers.w_codes + c * row_stride,
                            buffers.w_scales + c * nb);
-    std::memset(buffers.w_codes + cols * row_bytes, 0,
-                static_cast<size_t>((cols_padded - cols) * row_bytes));
+    std::memset(buffers.w_codes + cols * row_stride, 0,
+                static_cast<size_t>((cols_padded - cols) * row_stride));
     for (int64_t r0 = 0; r0 < m; r0 += kRows)
       for (int64_t j0 = 0; j0 < cols; j0 += kCols)
         for (int64_t b = 0; b < nb; ++b) {
           float dots[kRows][kCols];
           const int64_t s0 = pk.block_first_step(b);
-          int_dot_block(buffers.a_codes + r0 * row_bytes, buffers.w_codes + j0 * row_bytes,
-                        row_bytes, s0, s0 + pk.block_steps(b), dots);
+          int_dot_block(buffers.a_codes + r0 * row_stride, buffers.w_codes + j0 * row_stride,
+                        row_stride, s0, s0 + pk.block_steps(b), dots);
           for (int i = 0; i < kRows && r0 + i < m; ++i)
             for (int j = 0; j < kCols && j0 + j < cols; ++j) {
               float* o = out + (r0 + i) * ldo + c0 + j0 + j;

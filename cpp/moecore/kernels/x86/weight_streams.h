@@ -222,11 +222,14 @@ void walk(const Call& call, Dots& dots) {
   }
 }
 
+// Calls of at most this many rows (decode) walk tiles of 4 channels.
+constexpr int64_t kFourChannelMaxRows = 4;
+
 // Few rows (decode): 4 channels in flight, each weight vector used by ≤ 4 rows. More rows: 2
 // channels × 8 rows. Either way each output's arithmetic is the same, so results never depend on M.
 template <class Dots>
 void walk_tiles(const Call& call, Dots& dots) {
-  if (call.m <= 4)
+  if (call.m <= kFourChannelMaxRows)
     walk<4>(call, dots);
   else
     walk<2>(call, dots);
