@@ -141,7 +141,8 @@ int main(int argc, char** argv) try {
   }
   const int repeats = argc > arg ? std::atoi(argv[arg++]) : 9;
   if (repeats < 1 || (argc - arg) % 4 != 0) {
-    std::fprintf(stderr, "usage: %s [--rows=avx2,…] [--tiles] [repeats ≥ 1] [m n k coding]...\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--rows=avx2,…] [--tiles] [repeats ≥ 1] [m n k coding]...\n",
+                 argv[0]);
     return 2;
   }
   std::vector<Shape> shapes;
@@ -177,7 +178,7 @@ int main(int argc, char** argv) try {
   for (const Shape& s : shapes) {
     std::mt19937 rng(1);
     Weights weights = make_weights(s, rng);
-    Tensor weight_tiles;  // as a processed layer's weights (rows that do not read tiles ignore them)
+    Tensor weight_tiles;  // as a processed layer has them (rows that do not read tiles ignore them)
     if (tiles) {
       weight_tiles = pack_weight_tiles(weights.data.view());
       weights.w.tiles = weight_tiles.view();

@@ -13,9 +13,10 @@ PEER_LABELS = {"torch_eager_bf16": "eager bf16", "torch_eager_f32": "eager f32",
 def machine_lines(machine: dict, header: dict) -> list:
     lines = [f"- {key}: {value}" for key, value in header.items()]
     for t, probe in machine["threads"].items():
+        streams = f"{probe['streams']} stream{'s' if probe['streams'] > 1 else ''}/thread"
         lines.append(f"- {t} thread{'s' if t > 1 else ''}: read bandwidth {probe['gb_per_s']:.1f} "
-                     f"GB/s (best with {probe['streams']} stream{'s' if probe['streams'] > 1 else ''}"
-                     f"/thread), peak {probe['gflop_per_s']:.0f} GFLOP/s ({machine['peak_kind']})")
+                     f"GB/s (best with {streams}), peak {probe['gflop_per_s']:.0f} GFLOP/s "
+                     f"({machine['peak_kind']})")
     return lines
 
 

@@ -101,7 +101,9 @@ constexpr int64_t kDecodeOnceRows = kWalkRows<2> + 1, kDecodedBlockBytes = 256 <
 bool decodes_once(const WeightOperand& w) {
   return w.coding != WeightCoding::kDense && (w.num_k_blocks() == 1 || w.k_block() % 32 == 0);
 }
-int64_t decoded_row_bytes(const WeightOperand& w) { return odd_lines((w.k + 31) / 32 * kStepBytes); }
+int64_t decoded_row_bytes(const WeightOperand& w) {
+  return odd_lines((w.k + 31) / 32 * kStepBytes);
+}
 int64_t decoded_columns(const WeightOperand& w) {
   return std::clamp<int64_t>(kDecodedBlockBytes / decoded_row_bytes(w), kMaxChannels, 64);
 }
@@ -180,8 +182,8 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   // The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one
   // stream per tile), else the contract rows. Walks of 2 channels, and the decode-once pass (a row
   // at a time), would read each tile group several times over, a part of every 64-byte piece each
-  // time: from memory, 8 × 16384 × 2048 bf16 took 10.0 ms on tiles and 7.8 ms on rows (Zen 4,
-  // moecore_gemm_timing with and without --tiles, 2026-11-27).
+  // time: from memory, 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the
+  // rows (Zen 4, 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds).
   const auto run = [&](auto stream) {
     stream.tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
     run_streamed(call, stream, pk, buffers);
@@ -260,14 +262,15 @@ void int_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w,
   const float alpha = expert_alpha(w, e);
   for (int64_t r = 0; r < m; ++r)
     pack_codes_row(a.row(r), pk, CodeType::kInt16, buffers.a_codes + r * row_stride);
-  std::memset(buffers.a_codes + m * row_stride, 0, static_cast<size_t>((m_padded - m) * row_stride));
+  std::memset(buffers.a_codes + m * row_stride, 0,
+              static_cast<size_t>((m_padded - m) * row_stride));
 
   for (int64_t c0 = 0; c0 < n; c0 += kColumnBlock) {
     const int64_t cols = std::min(kColumnBlock, n - c0);
     const int64_t cols_padded = (cols + kCols - 1) / kCols * kCols;
     for (int64_t c = 0; c < cols; ++c)
-      pack_int8_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16, buffers.w_codes + c * row_stride,
-                           buffers.w_scales + c * nb);
+      pack_int8_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16,
+                           buffers.w_codes + c * row_stride, buffers.w_scales + c * nb);
     std::memset(buffers.w_codes + cols * row_stride, 0,
                 static_cast<size_t>((cols_padded - cols) * row_stride));
     for (int64_t r0 = 0; r0 < m; r0 += kRows)
