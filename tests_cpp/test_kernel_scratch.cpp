@@ -229,6 +229,79 @@ TEST_P(KernelScratchTest, ReservedScratchAllocatesNothingAndKeepsTheBits) {
   }
 }
 
+// Whether a row keeps a call's converted activation rows in the scratch for the next call with
+// the same tag (KeptRows): the bf16 rows' streamed path (bf16-exact float operands, one chunk of
+// 64 rows), their int8 × int8 paths from 16 rows (one chunk: 64 rows, amx's tiles 128).
+bool keeps_rows(IsaLevel level, Coding c, int64_t m) {
+  if (level < IsaLevel::kAvx512Bf16 || c == Coding::kF32 || c == Coding::kF16) return false;
+  if (c == Coding::kInt8Int8) return m >= 16 && m <= (level == IsaLevel::kAmx ? 128 : 64);
+  return m <= 64;
+}
+
+// A tagged call may find its rows converted by the previous call on the scratch (ActivationCodes
+// ::tag): each call below gives the bits of an untagged call on the codes it is handed, also when
+// the codes behind the same rows changed under a new tag, when the call has fewer rows, and when
+// the scratch's memory was replaced. Handing other codes under the same tag (which callers must
+// not do) shows where rows are reused: the result is the kept rows'.
+TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
+  const auto [level, coding] = GetParam();
+  const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
+  std::mt19937 rng(5);
+  const int64_t n = 70, k = is_fp4(coding) ? 224 : 200, half = n / 2;
+  const Operand op = make_operand(rng, coding, n, k);
+  for (int64_t m : {7, 20, 64, 100, 300}) {
+    SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << coding_name(coding)
+                                      << " m=" << m);
+    GemmScratch scratch;
+    scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
+    Activations a = make_activations(rng, coding, m, op.w);
+    const Activations other = make_activations(rng, coding, m, op.w);
+    const auto run = [&](const ActivationCodes& codes, uint64_t tag, int64_t rows, int64_t n0) {
+      ActivationCodes call = codes;
+      call.tag = tag;
+      call.scratch = tag != 0 ? &scratch : nullptr;
+      std::vector<float> out(rows * half);
+      kernel(call, rows, op.w, kExpert, n0, half, out.data(), half);
+      return out;
+    };
+    const auto expect_bits = [&](const std::vector<float>& got, const std::vector<float>& want,
+                                 const char* what) {
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_TRUE(same_bits(got.data(), want.data(), static_cast<int64_t>(got.size()))) << what;
+    };
+    const Activations original = a;  // its codes and scales
+    const auto replace_codes = [&](const Activations& from) {  // same buffers, other values
+      a.codes = from.codes;
+      a.scales = from.scales;
+    };
+
+    // Two column blocks of one expert under one tag.
+    const uint64_t first = new_activation_tag(), second = new_activation_tag();
+    expect_bits(run(a.view, first, m, 0), run(a.view, 0, m, 0), "first block");
+    expect_bits(run(a.view, first, m, half), run(a.view, 0, m, half), "second block");
+    // New codes behind the same rows under a new tag, then fewer of those rows.
+    replace_codes(other);
+    ASSERT_EQ(a.view.codes, a.codes.data()) << "the rows must stay where they were";
+    expect_bits(run(a.view, second, m, 0), run(a.view, 0, m, 0), "new tag");
+    expect_bits(run(a.view, second, m - 1, 0), run(a.view, 0, m - 1, 0), "fewer rows");
+    expect_bits(run(a.view, second, m, 0), run(a.view, 0, m, 0), "all rows again");
+    // The scratch's memory replaced: nothing kept survives it.
+    const uint8_t* was = scratch.bytes.data();
+    scratch.bytes = std::vector<uint8_t>(scratch.bytes.size(), 0xff);
+    ASSERT_NE(scratch.bytes.data(), was);
+    expect_bits(run(a.view, second, m, half), run(a.view, 0, m, half), "replaced memory");
+    // Other codes (the same scales, which rows read on every call) under the same tag: the kept
+    // rows' result where a row keeps.
+    a.codes = original.codes;
+    const std::vector<float> stale = run(a.view, second, m, half);
+    const std::vector<float> fresh = run(a.view, 0, m, half);
+    a.codes = other.codes;
+    const std::vector<float> kept = run(a.view, 0, m, half);
+    expect_bits(stale, keeps_rows(level, coding, m) ? kept : fresh, "reuse");
+    EXPECT_FALSE(same_bits(kept.data(), fresh.data(), m * half)) << "the codes must differ";
+  }
+}
+
 std::vector<std::tuple<IsaLevel, Coding>> kernel_params() {
   std::vector<std::tuple<IsaLevel, Coding>> out;
   for (IsaLevel level : available_isa_levels())

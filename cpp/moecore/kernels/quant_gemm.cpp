@@ -4,6 +4,7 @@
 #include "moecore/kernels/quant_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "moecore/core/env.h"
 #include "moecore/core/error.h"
@@ -183,7 +184,29 @@ uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes) {
   thread_local GemmScratch own;  // only for calls that bring no scratch
   GemmScratch& scratch = a.scratch != nullptr ? *a.scratch : own;
   if (scratch.bytes.size() < bytes) scratch.bytes.resize(bytes);
+  if (a.tag == 0) scratch.kept = {};  // rows are kept for tagged calls only (KeptRows)
   return scratch.bytes.data();
+}
+
+uint64_t new_activation_tag() {
+  static std::atomic<uint64_t> last{0};
+  return ++last;
+}
+
+KeptRows::KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w)
+    : scratch_(a.scratch),
+      rows_{a.tag,
+            a.row_index != nullptr ? static_cast<const void*>(a.row_index) : a.codes,
+            m,
+            w.k,
+            w.num_k_blocks(),
+            scratch_ != nullptr ? scratch_->bytes.data() : nullptr},
+      reusable_(scratch_ != nullptr && a.tag != 0 && scratch_->kept == rows_) {
+  if (scratch_ != nullptr) scratch_->kept = {};  // until keep(): the row may overwrite them
+}
+
+void KeptRows::keep() const {
+  if (scratch_ != nullptr && rows_.tag != 0) scratch_->kept = rows_;
 }
 
 namespace {

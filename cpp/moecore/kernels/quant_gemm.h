@@ -96,8 +96,14 @@ struct ActivationCodes {
   // power of two and undo it after the dot with the same bits (avx2's fp8 row does).
   bool bounded_codes = false;
   // The kernel row's working memory for this call (see GemmScratch); nullptr: the row uses its
-  // own thread-local memory. Rows never keep anything in it from one call to the next.
+  // own thread-local memory.
   GemmScratch* scratch = nullptr;
+  // Nonzero: every call with this tag and the same rows (row_index, or codes, and m) reads the
+  // same codes and scales on the same weight operand. A schedule tags each GEMM phase afresh
+  // (new_activation_tag), so the calls of one expert over its column blocks share a tag and a
+  // row may keep its conversion of the rows in the scratch for the next of them (KeptRows).
+  // 0: nothing is kept.
+  uint64_t tag = 0;
 
   /// The stored row that row r of the call reads.
   int64_t stored_row(int64_t r) const { return row_index == nullptr ? r : row_index[r]; }
@@ -129,6 +135,39 @@ inline ActivationCodes activation_rows_from(const ActivationCodes& a, int64_t r0
 /// too little grows it.
 struct GemmScratch {
   std::vector<uint8_t> bytes;
+  // The activation rows a row converted into `bytes` on the last call, when it may reuse them
+  // (KeptRows), and where `bytes` were then; tag 0: none.
+  struct Rows {
+    uint64_t tag = 0;
+    const void* rows = nullptr;
+    int64_t m = 0, k = 0, k_blocks = 0;
+    const uint8_t* memory = nullptr;
+    bool operator==(const Rows& o) const {
+      return tag == o.tag && rows == o.rows && m == o.m && k == o.k && k_blocks == o.k_blocks &&
+             memory == o.memory;
+    }
+  } kept;
+};
+
+/// A new nonzero ActivationCodes::tag, never handed out before in this process.
+uint64_t new_activation_tag();
+
+/// For a row that converts a call's activation rows into the start of its scratch (after
+/// gemm_scratch_memory): whether the last call on the same scratch left these very rows there
+/// (same nonzero tag, rows, m and weight K layout; the same memory), and, with
+/// keep(), that this call leaves them for the next one. A row that writes the scratch otherwise
+/// does not keep (the default), so nothing stale is ever reused.
+class KeptRows {
+ public:
+  KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w);
+  bool reusable() const { return reusable_; }
+  /// This call converted (or reused) all m rows and leaves them in place.
+  void keep() const;
+
+ private:
+  GemmScratch* scratch_;
+  GemmScratch::Rows rows_;
+  bool reusable_;
 };
 
 /// How a kernel row lays out its working memory: buffers taken in a fixed order, each on its

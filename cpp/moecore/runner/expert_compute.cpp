@@ -500,6 +500,7 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
   ActivationCodes in = input_codes(g1, mlp.act_dtype, stored, sources, ws.scales1_,
                                    /*quantized_already=*/true);
   in.row_index = rows.source.data();
+  in.tag = new_activation_tag();
 
   float* h1 = grown(ws.h1_, count * n1);
   float* h2 = grown(ws.h2_, count * inter);
@@ -550,8 +551,9 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
   const int64_t count = rows.rows(), n = g2.weight.n;
   float* y = grown(ws.y_, count * n);
   const bool quantized_in_gemm1 = g2.quantize && g2.quantize_segment > 0;
-  const ActivationCodes in =
+  ActivationCodes in =
       input_codes(g2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_, quantized_in_gemm1);
+  in.tag = new_activation_tag();
   plan_items(rows, n, weight_row_bytes(g2.weight), kColumnAlign,
              scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_, ws.part_begin_);
   float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n);

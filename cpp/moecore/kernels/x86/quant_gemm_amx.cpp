@@ -170,15 +170,17 @@ void fold_tile(const Sum* c, int64_t ldc, const ActivationCodes& a, int64_t r, i
 }
 
 // Activation rows [0, m ≤ kRowChunk) of the call against weight rows [n0, n0 + n); the tile
-// configuration is loaded.
+// configuration is loaded. packed_rows: the B tiles hold the rows already (KeptRows).
 void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e, int64_t n0,
-                int64_t n, float* out, int64_t ldo, const PaddedK& pk, const Buffers& buffers) {
+                int64_t n, float* out, int64_t ldo, const PaddedK& pk, const Buffers& buffers,
+                bool packed_rows) {
   const CodeType type = CodeType::kInt8;
   const int64_t row_bytes = pk.row_bytes(), steps = pk.steps(), nb = pk.num_blocks;
   const int64_t m_padded = (m + 2 * kTileRows - 1) / (2 * kTileRows) * (2 * kTileRows);
   const float alpha = expert_alpha(w, e);
   float* const w_scales = buffers.w_scales;
-  pack_activation_tiles(a, m, m_padded, pk, type, buffers.w_rows, buffers.b_tiles);
+  if (!packed_rows)
+    pack_activation_tiles(a, m, m_padded, pk, type, buffers.w_rows, buffers.b_tiles);
 
   alignas(64) int32_t c[4 * kTileRows * kTileRows];
   alignas(64) int32_t by_row[kTileRows * kTileRows];  // one C tile in activation-row order
@@ -232,12 +234,14 @@ void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand&
   const PaddedK pk(w, CodeType::kInt8);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_amx_scratch_bytes(w)));
   const Buffers buffers(carver, pk);
+  const KeptRows kept(a, m, w);  // a call of one chunk keeps its B tiles for the next
   static const TileConfig config;
   _tile_loadconfig(&config);
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
     gemm_chunk(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
-               out + r0 * ldo, ldo, pk, buffers);
+               out + r0 * ldo, ldo, pk, buffers, kept.reusable());
   _tile_release();
+  if (m <= kRowChunk) kept.keep();
 }
 
 // ---- bf16-exact operands: TDPBF16PS --------------------------------------------------------
