@@ -132,8 +132,9 @@ inline ActivationCodes activation_rows_from(const ActivationCodes& a, int64_t r0
 
 /// Working memory of a kernel row. A caller that runs a schedule owns one per thread of it, so
 /// that a prepared run sized with gemm_scratch_bytes replays without allocating; a row given
-/// too little grows it.
-struct GemmScratch {
+/// too little grows it. Each on cache lines of its own: calls write `kept`, and the schedule's
+/// threads use neighbouring ones.
+struct alignas(64) GemmScratch {
   std::vector<uint8_t> bytes;
   // The activation rows a row converted into `bytes` on the last call, when it may reuse them
   // (KeptRows), and where `bytes` were then; tag 0: none.

@@ -78,29 +78,26 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   }
 };
 
-// Word 2j of the index vector takes byte j's low nibble, word 2j + 1 its high nibble. An mxfp4
-// step is one block: one permute of its table. An nvfp4 step is two blocks: one permute of their
-// two tables side by side, words 16–31 (the second block's) indexing the upper one (+16). K is a
-// multiple of the group, so an nvfp4 step is whole or its first 16 elements (then words 16–31 are
-// +0 and the bytes past the row's end are not read).
+// Word 2j of the index vector takes byte j's low nibble, word 2j + 1 its high nibble. Words 0–15
+// permute the table of elements [k, k + 16); with 16-element groups words 16–31 permute the next
+// block's table in a second, masked permute. K is a multiple of the group, so an mxfp4 step is
+// always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
 template <int kGroup>
 inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
   const uint8_t* bytes = stream.at(c, k / 2);
-  const bool upper = kGroup == 32 || (mask >> 16) != 0;
+  const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
   const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
                                : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
   const __m512i x = _mm512_cvtepu8_epi32(packed);
   // (x | x << 12) & 0x000f000f
   const __m512i nibbles =
       _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  const __m512i first = _mm512_castsi256_si512(_mm256_load_si256(stream.table(c, k)));
-  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, first);
-  if (!upper) return _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, first);
-  const __m512i both = _mm512_inserti64x4(first, _mm256_load_si256(stream.table(c, k + 16)), 1);
-  const __m512i second_block = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0x00100010, 0x00100010,
-                                                 0x00100010, 0x00100010, 0x00100010, 0x00100010,
-                                                 0x00100010, 0x00100010);
-  return _mm512_permutexvar_epi16(_mm512_or_si512(nibbles, second_block), both);
+  const __m512i lo = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k)));
+  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, lo);
+  const __m512i first = _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, lo);
+  if (!upper) return first;
+  const __m512i hi = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k + 16)));
+  return _mm512_mask_permutexvar_epi16(first, 0xffff0000, nibbles, hi);
 }
 
 }  // namespace
