@@ -184,7 +184,8 @@ uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes) {
   thread_local GemmScratch own;  // only for calls that bring no scratch
   GemmScratch& scratch = a.scratch != nullptr ? *a.scratch : own;
   if (scratch.bytes.size() < bytes) scratch.bytes.resize(bytes);
-  if (a.tag == 0) scratch.kept = {};  // rows are kept for tagged calls only (KeptRows)
+  // Kept rows (KeptRows) last only across calls of their tag: any other call may overwrite them.
+  if (a.tag != scratch.kept.tag) scratch.kept = {};
   return scratch.bytes.data();
 }
 
@@ -193,7 +194,8 @@ uint64_t new_activation_tag() {
   return ++last;
 }
 
-KeptRows::KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w)
+KeptRows::KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w,
+                   int64_t chunk_rows)
     : scratch_(a.scratch),
       rows_{a.tag,
             a.row_index != nullptr ? static_cast<const void*>(a.row_index) : a.codes,
@@ -201,12 +203,13 @@ KeptRows::KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w)
             w.k,
             w.num_k_blocks(),
             scratch_ != nullptr ? scratch_->bytes.data() : nullptr},
+      one_chunk_(m <= chunk_rows),
       reusable_(scratch_ != nullptr && a.tag != 0 && scratch_->kept == rows_) {
   if (scratch_ != nullptr) scratch_->kept = {};  // until keep(): the row may overwrite them
 }
 
 void KeptRows::keep() const {
-  if (scratch_ != nullptr && rows_.tag != 0) scratch_->kept = rows_;
+  if (scratch_ != nullptr && rows_.tag != 0 && one_chunk_) scratch_->kept = rows_;
 }
 
 namespace {

@@ -154,21 +154,22 @@ struct alignas(64) GemmScratch {
 uint64_t new_activation_tag();
 
 /// For a row that converts a call's activation rows into the start of its scratch (after
-/// gemm_scratch_memory): whether the last call on the same scratch left these very rows there
-/// (same nonzero tag, rows, m and weight K layout; the same memory), and, with
-/// keep(), that this call leaves them for the next one. A row that writes the scratch otherwise
-/// does not keep (the default), so nothing stale is ever reused.
+/// gemm_scratch_memory), `chunk_rows` at a time: whether the last call on the same scratch left
+/// these very rows there (same nonzero tag, rows, m and weight K layout; the same memory), and,
+/// with keep() once the call is done, that it leaves them for the next one when they were one
+/// chunk (more were overwritten chunk by chunk). A row that writes the scratch otherwise does not
+/// keep, so nothing stale is ever reused.
 class KeptRows {
  public:
-  KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w);
+  KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t chunk_rows);
   bool reusable() const { return reusable_; }
-  /// This call converted (or reused) all m rows and leaves them in place.
+  /// This call converted (or reused) its rows; they stay in place if they were one chunk.
   void keep() const;
 
  private:
   GemmScratch* scratch_;
   GemmScratch::Rows rows_;
-  bool reusable_;
+  bool one_chunk_, reusable_;
 };
 
 /// How a kernel row lays out its working memory: buffers taken in a fixed order, each on its

@@ -234,14 +234,14 @@ void scaled_gemm_tiles(const ActivationCodes& a, int64_t m, const WeightOperand&
   const PaddedK pk(w, CodeType::kInt8);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_amx_scratch_bytes(w)));
   const Buffers buffers(carver, pk);
-  const KeptRows kept(a, m, w);  // a call of one chunk keeps its B tiles for the next
+  const KeptRows kept(a, m, w, kRowChunk);  // a call of one chunk keeps its B tiles
   static const TileConfig config;
   _tile_loadconfig(&config);
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
     gemm_chunk(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
                out + r0 * ldo, ldo, pk, buffers, kept.reusable());
   _tile_release();
-  if (m <= kRowChunk) kept.keep();
+  kept.keep();
 }
 
 // ---- bf16-exact operands: TDPBF16PS --------------------------------------------------------

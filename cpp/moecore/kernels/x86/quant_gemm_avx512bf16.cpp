@@ -169,7 +169,7 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
       walk_tiles(part, dots);
     }
   }
-  if (call.m <= kRowChunk) kept.keep();
+  kept.keep();
 }
 
 size_t stream_scratch_bytes(const WeightOperand& w) {
@@ -183,7 +183,7 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   const PaddedK pk(w, CodeType::kBf16);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
   const StreamBuffers buffers(carver, w, pk);
-  const KeptRows kept(a, m, w);
+  const KeptRows kept(a, m, w, kRowChunk);
   const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
   // The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one
   // stream per tile), else the contract rows. Walks of 2 channels, and the decode-once pass (a row
@@ -304,12 +304,12 @@ void scaled_gemm_packed_int8(const ActivationCodes& a, int64_t m, const WeightOp
   const PaddedK pk(w, CodeType::kInt16);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
   const PackedBuffers buffers(carver, pk);
-  const KeptRows kept(a, m, w);  // a call of one chunk keeps its packed rows (run_streamed)
+  const KeptRows kept(a, m, w, kRowChunk);  // a call of one chunk keeps its packed rows
   // Each output depends only on its own activation row: chunks of rows are calls of their own.
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
     int_gemm_chunk(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
                    out + r0 * ldo, ldo, pk, buffers, kept.reusable());
-  if (m <= kRowChunk) kept.keep();
+  kept.keep();
 }
 
 }  // namespace
