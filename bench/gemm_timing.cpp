@@ -1,5 +1,7 @@
 // Times one call of scaled-GEMM kernel rows on one thread, warm caches: shapes "m n k coding"
-// with bf16, fp8 (per channel), int8 (per channel, int8 activation codes), nvfp4 or mxfp4 weights.
+// with bf16, fp8 (per channel), fp8_block (128 × 128 weight blocks, activation scales per row and
+// 128-wide K group, as DeepSeek-style checkpoints and the per-token-group quantizer give them),
+// int8 (per channel, int8 activation codes), nvfp4 or mxfp4 weights.
 // Each row reports its median and best time, the weights' bytes over the median (GB/s: what decode,
 // M = 1, is bound by once the weights come from memory) and GFLOP/s against this thread's measured
 // peak (the machine's strongest probe kind). A tool for tuning a kernel row in isolation, beside
@@ -31,7 +33,7 @@ using namespace moecore;
 
 struct Shape {
   int64_t m, n, k;
-  std::string coding;  // bf16, fp8, int8, nvfp4, mxfp4
+  std::string coding;  // bf16, fp8, fp8_block, int8, nvfp4, mxfp4
 };
 
 // Expert 0's weights [1, n, k] of `coding` with random codes and unit scales.
@@ -67,6 +69,16 @@ Weights make_weights(const Shape& s, std::mt19937& rng) {
     out.scale = Tensor::empty({1, s.n}, DType::kF32);
     std::fill(out.scale.ptr<float>(), out.scale.ptr<float>() + s.n, 1.0f);
     w.coding = fp8 ? WeightCoding::kFp8 : WeightCoding::kInt8;
+  } else if (s.coding == "fp8_block") {
+    out.data = Tensor::empty({1, s.n, s.k}, DType::kF8E4M3);
+    random_bytes(out.data, 0xef);
+    constexpr int64_t kBlock = 128;
+    w.block_n = w.block_k = kBlock;
+    const int64_t bn = (s.n + kBlock - 1) / kBlock;
+    out.scale = Tensor::empty({1, bn, w.num_k_blocks()}, DType::kF32);
+    std::uniform_real_distribution<float> around_one(0.5f, 2.0f);
+    for (int64_t i = 0; i < out.scale.numel(); ++i) out.scale.ptr<float>()[i] = around_one(rng);
+    w.coding = WeightCoding::kFp8;
   } else if (s.coding == "nvfp4" || s.coding == "mxfp4") {
     const bool nv = s.coding == "nvfp4";
     const int64_t group = nv ? 16 : 32;
@@ -84,7 +96,7 @@ Weights make_weights(const Shape& s, std::mt19937& rng) {
       codes[i] = static_cast<uint8_t>(nv ? 0x30 + (byte(rng) & 15) : 124 + (byte(rng) & 7));
     w.coding = nv ? WeightCoding::kNvfp4 : WeightCoding::kMxfp4;
   } else {
-    std::fprintf(stderr, "coding must be bf16, fp8, int8, nvfp4 or mxfp4, got %s\n",
+    std::fprintf(stderr, "coding must be bf16, fp8, fp8_block, int8, nvfp4 or mxfp4, got %s\n",
                  s.coding.c_str());
     std::exit(2);
   }
@@ -196,7 +208,15 @@ int main(int argc, char** argv) try {
       const uint32_t u = static_cast<uint32_t>(bits(rng) & 0xfff0) << 16;
       std::memcpy(&v, &u, sizeof v);
     }
+    // Per (row, K block) scales where the weights have K blocks, as the group quantizer gives.
+    std::vector<float> scales(static_cast<size_t>(s.m * weights.w.num_k_blocks()));
+    std::uniform_real_distribution<float> around_one(0.5f, 2.0f);
+    for (float& v : scales) v = around_one(rng);
     ActivationCodes a;
+    if (weights.w.num_k_blocks() > 1) {
+      a.scales = scales.data();
+      a.scales_per_row = weights.w.num_k_blocks();
+    }
     a.codes = codes.data();
     a.ld = s.k;
     a.integer = integer;

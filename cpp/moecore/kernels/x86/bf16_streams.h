@@ -11,20 +11,21 @@ namespace {
 
 // Elements [k, k + 32) of channel c's weight row as 32 bf16 codes (lanes outside `mask` are +0),
 // k a multiple of 32, read through stream.at (contract rows or weight tiles: a step's bytes never
-// straddle a 64-byte piece). One specialization per stream below.
+// straddle a 64-byte piece). One overload per stream below, for either layout.
 template <class Stream>
 __m512i load_bf16x32(const Stream& stream, int c, int64_t k, __mmask32 mask);
 
 // bf16 weights are loaded as they are.
-template <>
-inline __m512i load_bf16x32(const DenseStream<DType::kBF16>& stream, int c, int64_t k,
+template <bool kTiled>
+inline __m512i load_bf16x32(const DenseStream<DType::kBF16, kTiled>& stream, int c, int64_t k,
                             __mmask32 mask) {
   return _mm512_maskz_loadu_epi16(mask, stream.at(c, 2 * k));
 }
 
 // int8 values as floats: exact in fp32, then in bf16 (the masked-off bytes are not read).
-template <>
-inline __m512i load_bf16x32(const Int8AsFloatStream& stream, int c, int64_t k, __mmask32 mask) {
+template <bool kTiled>
+inline __m512i load_bf16x32(const Int8AsFloatStream<kTiled>& stream, int c, int64_t k,
+                            __mmask32 mask) {
   const __m256i bytes = _mm256_maskz_loadu_epi8(mask, stream.at(c, k));
   const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
   const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
@@ -32,23 +33,25 @@ inline __m512i load_bf16x32(const Int8AsFloatStream& stream, int c, int64_t k, _
 }
 
 // e4m3fn codes straight to bf16 bits, exactly (fewer steps than two fp32 decodes): a normal code
-// S.EEEE.MMM is S | (EEEE.MMM << 4) + (120 << 7), its exponent rebiased from 7 to 127; the
-// subnormals 0.MMM · 2^-6 (and ±0) come from a table; the NaN codes S.1111.111 become bf16's
-// quiet NaN with their sign, as in the fp32 decoder.
-template <>
-inline __m512i load_bf16x32(const Fp8Stream& stream, int c, int64_t k, __mmask32 mask) {
-  const __m512i x = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(mask, stream.at(c, k)));
-  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
-  __m512i v = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
-  const __m512i subnormals = _mm512_setr_epi32(0x3b000000, 0x3bc03b80, 0x3c203c00, 0x3c603c40, 0, 0,
-                                               0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), mag,
-                                    subnormals);
-  v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f)),
-                            _mm512_set1_epi16(0x7fc0));
-  // v | (x << 8 & 0x8000): the sign.
-  return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(x, 8),
-                                   _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xf8);
+// S.EEEE.MMM is S | (EEEE.MMM << 4) + (120 << 7), its exponent rebiased from 7 to 127. The nine
+// others, ±0 and the subnormals 0.MMM · 2^-6 (magnitude m < 8) and the NaN codes S.1111.111, come
+// from one table: with t = code + 1, they are the codes whose t & 0x7f is below 9, and t's low 5
+// bits index them (m + 1, and 0 for NaN, bf16's quiet NaN as in the fp32 decoder). The code
+// sign-extended to a word holds S in bit 15, whence the sign (an earlier form took a second
+// compare and blend for NaN and a shift for the sign: 10 operations per 32 weights, now 8).
+template <bool kTiled>
+inline __m512i load_bf16x32(const Fp8Stream<kTiled>& stream, int c, int64_t k, __mmask32 mask) {
+  const __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, stream.at(c, k)));
+  const __m512i t = _mm512_add_epi16(x, _mm512_set1_epi16(1));
+  const __m512i t_mag = _mm512_and_si512(t, _mm512_set1_epi16(0x7f));  // m + 1 (mod 128)
+  // (m << 4) + (120 << 7) = ((m + 1) << 4) + (120 << 7) - 16, for every code but NaN's.
+  __m512i v = _mm512_add_epi16(_mm512_slli_epi16(t_mag, 4), _mm512_set1_epi16((120 << 7) - 16));
+  const __m512i specials = _mm512_setr_epi32(0x00007fc0, 0x3b803b00, 0x3c003bc0, 0x3c403c20,
+                                             0x00003c60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(t_mag, _mm512_set1_epi16(9)), t,
+                                    specials);
+  // (v & 0x7fff) | (x & 0x8000): the sign.
+  return _mm512_ternarylogic_epi32(v, x, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xd8);
 }
 
 // Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of a 32-entry bf16 table,
@@ -65,8 +68,8 @@ struct Fp4Bf16Tables {
 };
 
 // The fp4 stream of weight_streams.h with the bf16 tables beside its fp32 ones.
-template <int kGroup>
-struct Fp4Bf16Stream : Fp4Stream<kGroup> {
+template <int kGroup, bool kTiled = false>
+struct Fp4Bf16Stream : Fp4Stream<kGroup, kTiled> {
   const Fp4Bf16Tables& bf16_tables = tables_of_coding();
   /// The bf16 table of channel c's element k.
   const __m256i* table(int c, int64_t k) const {
@@ -82,8 +85,9 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
 // permute the table of elements [k, k + 16); with 16-element groups words 16–31 permute the next
 // block's table in a second, masked permute. K is a multiple of the group, so an mxfp4 step is
 // always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
-template <int kGroup>
-inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
+template <int kGroup, bool kTiled>
+inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup, kTiled>& stream, int c, int64_t k,
+                            __mmask32 mask) {
   const uint8_t* bytes = stream.at(c, k / 2);
   const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
   const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))

@@ -57,10 +57,18 @@ inline void prefetch_ahead(const Stream& stream, int64_t k, int64_t ahead) {
 template <class Stream>
 struct Bf16Dots {
   Stream stream;
-  const uint8_t* a;  // activation rows, pk.row_stride() apart
+  const uint8_t* a;        // activation rows, pk.row_stride() apart
+  const float* a_scales;  // their scales by K block: sa[r, b] at b · kRowChunk + r
   PaddedK pk;
   int64_t ahead = 0;  // prefetch lead (set by walk)
   static constexpr bool kLaneSums = true;
+
+  /// sa[r0 + r, b] in lane r < R (the other lanes +0).
+  template <int R>
+  __m512 row_scales(int64_t r0, int64_t b) const {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << R) - 1),
+                                 a_scales + b * kRowChunk + r0);
+  }
 
   template <int R, int C>
   void lanes(int64_t r0, int64_t k0, int64_t len, __m512 (&out)[R][C]) const {
@@ -111,10 +119,12 @@ int64_t decoded_columns(const WeightOperand& w) {
 // The float path's working memory, one layout for every call on the weight operand.
 struct StreamBuffers {
   uint8_t* a_codes;   // [kRowChunk, row_stride]: activation rows as bf16
+  float* a_scales;    // [nb, kRowChunk]: their scales by K block
   float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
   uint8_t* w_decoded;  // [decoded_columns, decoded_row_bytes] when decodes_once(w)
   StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
+        a_scales(s.take<float>(pk.num_blocks * kRowChunk)),
         w_scales(s.take<float>(kMaxChannels * pk.num_blocks)),
         w_decoded(
             s.take<uint8_t>(decodes_once(w) ? decoded_columns(w) * decoded_row_bytes(w) : 0)) {}
@@ -144,15 +154,15 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
     }
     const Call part = call.columns_from(c0, cols);
     Bf16Dots<DecodedStream> dots{DecodedStream{buffers.w_decoded, row_bytes, call.n0 + c0},
-                                 buffers.a_codes, pk};
+                                 buffers.a_codes, buffers.a_scales, pk};
     walk_tiles(part, dots);
   }
 }
 
-// Rows [0, m) in chunks of kRowChunk, each converted to bf16 and walked as a call of its own. A
-// call of one chunk keeps its bf16 rows for the next call on the same rows (the expert's next
-// column block): converting 32 rows of K = 4096 took a fifth of a Mixtral-8x7B layer's time at
-// M = 128 when every block converted them again.
+// Rows [0, m) in chunks of kRowChunk, each converted to bf16 (its scales laid out by K block) and
+// walked as a call of its own. A call of one chunk keeps its bf16 rows and scales for the next call
+// on the same rows (the expert's next column block): converting 32 rows of K = 4096 took a fifth
+// of a Mixtral-8x7B layer's time at M = 128 when every block converted them again.
 template <class Stream>
 void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
                   const StreamBuffers& buffers, const KeptRows& kept) {
@@ -160,12 +170,15 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
     const int64_t rows = std::min(kRowChunk, call.m - r0);
     const Call part = call.rows_from(r0, rows);
     if (!kept.reusable())
-      for (int64_t r = 0; r < rows; ++r)
+      for (int64_t r = 0; r < rows; ++r) {
         pack_codes_row(part.a.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_stride());
+        for (int64_t b = 0; b < pk.num_blocks; ++b)
+          buffers.a_scales[b * kRowChunk + r] = part.a.scale(r, b);
+      }
     if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
       walk_decoded(part, stream, pk, buffers);
     } else {
-      Bf16Dots<Stream> dots{stream, buffers.a_codes, pk};
+      Bf16Dots<Stream> dots{stream, buffers.a_codes, buffers.a_scales, pk};
       walk_tiles(part, dots);
     }
   }
@@ -190,23 +203,25 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   // at a time), would read each tile group several times over, a part of every 64-byte piece each
   // time: from memory, 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the
   // rows (Zen 4, 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds).
-  const auto run = [&](auto stream) {
-    stream.tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
-    run_streamed(call, stream, pk, buffers, kept);
+  const bool tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
+  const auto run = [&](auto contract_rows, auto tiles) {
+    if (tiled) return run_streamed(call, tiles, pk, buffers, kept);
+    run_streamed(call, contract_rows, pk, buffers, kept);
   };
   switch (w.coding) {
     case WeightCoding::kDense:  // bf16 (bf16_operands)
-      return run(DenseStream<DType::kBF16>{});
+      return run(DenseStream<DType::kBF16>{}, DenseStream<DType::kBF16, true>{});
     case WeightCoding::kFp8:
-      return run(Fp8Stream{});
+      return run(Fp8Stream<>{}, Fp8Stream<true>{});
     case WeightCoding::kInt8:
-      return run(Int8AsFloatStream{});
+      return run(Int8AsFloatStream<>{}, Int8AsFloatStream<true>{});
     case WeightCoding::kNvfp4:
     case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
                              ") must be a multiple of its scale group");
-      if (w.coding == WeightCoding::kNvfp4) return run(Fp4Bf16Stream<16>{});
-      return run(Fp4Bf16Stream<32>{});
+      if (w.coding == WeightCoding::kNvfp4)
+        return run(Fp4Bf16Stream<16>{}, Fp4Bf16Stream<16, true>{});
+      return run(Fp4Bf16Stream<32>{}, Fp4Bf16Stream<32, true>{});
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }
