@@ -11,21 +11,20 @@ namespace {
 
 // Elements [k, k + 32) of channel c's weight row as 32 bf16 codes (lanes outside `mask` are +0),
 // k a multiple of 32, read through stream.at (contract rows or weight tiles: a step's bytes never
-// straddle a 64-byte piece). One overload per stream below, for either layout.
+// straddle a 64-byte piece). One specialization per stream below.
 template <class Stream>
 __m512i load_bf16x32(const Stream& stream, int c, int64_t k, __mmask32 mask);
 
 // bf16 weights are loaded as they are.
-template <bool kTiled>
-inline __m512i load_bf16x32(const DenseStream<DType::kBF16, kTiled>& stream, int c, int64_t k,
+template <>
+inline __m512i load_bf16x32(const DenseStream<DType::kBF16>& stream, int c, int64_t k,
                             __mmask32 mask) {
   return _mm512_maskz_loadu_epi16(mask, stream.at(c, 2 * k));
 }
 
 // int8 values as floats: exact in fp32, then in bf16 (the masked-off bytes are not read).
-template <bool kTiled>
-inline __m512i load_bf16x32(const Int8AsFloatStream<kTiled>& stream, int c, int64_t k,
-                            __mmask32 mask) {
+template <>
+inline __m512i load_bf16x32(const Int8AsFloatStream& stream, int c, int64_t k, __mmask32 mask) {
   const __m256i bytes = _mm256_maskz_loadu_epi8(mask, stream.at(c, k));
   const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
   const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
@@ -39,8 +38,8 @@ inline __m512i load_bf16x32(const Int8AsFloatStream<kTiled>& stream, int c, int6
 // bits index them (m + 1, and 0 for NaN, bf16's quiet NaN as in the fp32 decoder). The code
 // sign-extended to a word holds S in bit 15, whence the sign (an earlier form took a second
 // compare and blend for NaN and a shift for the sign: 10 operations per 32 weights, now 8).
-template <bool kTiled>
-inline __m512i load_bf16x32(const Fp8Stream<kTiled>& stream, int c, int64_t k, __mmask32 mask) {
+template <>
+inline __m512i load_bf16x32(const Fp8Stream& stream, int c, int64_t k, __mmask32 mask) {
   const __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, stream.at(c, k)));
   const __m512i t = _mm512_add_epi16(x, _mm512_set1_epi16(1));
   const __m512i t_mag = _mm512_and_si512(t, _mm512_set1_epi16(0x7f));  // m + 1 (mod 128)
@@ -68,8 +67,8 @@ struct Fp4Bf16Tables {
 };
 
 // The fp4 stream of weight_streams.h with the bf16 tables beside its fp32 ones.
-template <int kGroup, bool kTiled = false>
-struct Fp4Bf16Stream : Fp4Stream<kGroup, kTiled> {
+template <int kGroup>
+struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   const Fp4Bf16Tables& bf16_tables = tables_of_coding();
   /// The bf16 table of channel c's element k.
   const __m256i* table(int c, int64_t k) const {
@@ -85,9 +84,8 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup, kTiled> {
 // permute the table of elements [k, k + 16); with 16-element groups words 16–31 permute the next
 // block's table in a second, masked permute. K is a multiple of the group, so an mxfp4 step is
 // always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
-template <int kGroup, bool kTiled>
-inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup, kTiled>& stream, int c, int64_t k,
-                            __mmask32 mask) {
+template <int kGroup>
+inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
   const uint8_t* bytes = stream.at(c, k / 2);
   const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
   const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))

@@ -562,9 +562,9 @@ void scaled_gemm_float_tiles(const ActivationCodes& a, int64_t m, const WeightOp
     case WeightCoding::kDense:  // bf16 (bf16_operands)
       return run_float_tiles<DenseStream<DType::kBF16>>(a, m, w, e, n0, n, out, ldo, pk, buffers);
     case WeightCoding::kFp8:
-      return run_float_tiles<Fp8Stream<>>(a, m, w, e, n0, n, out, ldo, pk, buffers);
+      return run_float_tiles<Fp8Stream>(a, m, w, e, n0, n, out, ldo, pk, buffers);
     case WeightCoding::kInt8:
-      return run_float_tiles<Int8AsFloatStream<>>(a, m, w, e, n0, n, out, ldo, pk, buffers);
+      return run_float_tiles<Int8AsFloatStream>(a, m, w, e, n0, n, out, ldo, pk, buffers);
     case WeightCoding::kNvfp4:
     case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,

@@ -75,7 +75,7 @@ struct FloatDots {
 // Exact int32 dots of int8 codes: activations pre-packed to int16 rows (zero-padded), weights
 // sign-extended, pairs multiplied and added by vpmaddwd. Integer sums are order-free.
 struct IntDots {
-  Int8AsFloatStream<> stream;  // only its row pointers
+  Int8AsFloatStream stream;  // only its row pointers
   const int16_t* a;
   int64_t lda;
   int64_t ahead = 0;  // prefetch lead (set by walk)
@@ -88,7 +88,7 @@ struct IntDots {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
     const int16_t* rows = a + r0 * lda + k0;
     for (int64_t i = 0; i < len; i += 32) {
-      prefetch_next_tile_step<C, Int8AsFloatStream<>::kHalfBytes>(stream.row, k0 + i, ahead);
+      prefetch_next_tile_step<C, Int8AsFloatStream::kHalfBytes>(stream.row, k0 + i, ahead);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c)
@@ -103,12 +103,6 @@ struct IntDots {
       for (int c = 0; c < C; ++c) part[r][c] = static_cast<float>(_mm512_reduce_add_epi32(acc[r][c]));
   }
 };
-
-// The contract-row streams, as run_with_weight_stream takes them.
-template <DType kDtype>
-using ContractDenseStream = DenseStream<kDtype>;
-template <int kGroup>
-using ContractFp4Stream = Fp4Stream<kGroup>;
 
 template <class Stream>
 void run_float(const Call& call, Stream stream) {
@@ -132,7 +126,7 @@ void run_int8_codes(const Call& call, int16_t* a16) {
       }
     }
     std::memset(a16 + rows * ld, 0, 32 * sizeof(int16_t));
-    IntDots dots{Int8AsFloatStream<>{}, a16, ld};
+    IntDots dots{Int8AsFloatStream{}, a16, ld};
     walk_tiles(call.rows_from(r0, rows), dots);
   }
 }
@@ -153,7 +147,7 @@ void scaled_gemm_avx512(const ActivationCodes& a, int64_t m, const WeightOperand
   const Buffers buffers(carver, w);
   const Call call{a, m, w, e, n0, n, out, ldo, nb, kb, buffers.w_scales};
   if (w.coding == WeightCoding::kInt8 && a.integer) return run_int8_codes(call, buffers.a16);
-  run_with_weight_stream<ContractDenseStream, Fp8Stream<>, Int8AsFloatStream<>, ContractFp4Stream>(
+  run_with_weight_stream<DenseStream, Fp8Stream, Int8AsFloatStream, Fp4Stream>(
       w, [&](auto stream) { run_float(call, stream); });
 }
 

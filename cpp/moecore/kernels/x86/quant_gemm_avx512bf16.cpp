@@ -79,8 +79,9 @@ struct Bf16Dots {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     const int64_t row_stride = pk.row_stride();
     const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
-    const auto step = [&](int64_t i, __mmask32 mask) __attribute__((always_inline)) {
+    for (int64_t i = 0; i < len; i += 32) {
       prefetch_ahead<C>(stream, k0 + i, ahead);
+      const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
       for (int r = 0; r < R; ++r) {
@@ -89,12 +90,7 @@ struct Bf16Dots {
           acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(av),
                                        reinterpret_cast<__m512bh>(wv[c]));
       }
-    };
-    // Whole steps with a constant mask, so that the loads' tail handling (fp4's half steps) folds
-    // away; then the block's last, partial step.
-    const int64_t whole = len / 32 * 32;
-    for (int64_t i = 0; i < whole; i += 32) step(i, ~__mmask32{0});
-    if (whole < len) step(whole, avx512::tail_mask32(len - whole));
+    }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
   }
@@ -207,25 +203,23 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   // at a time), would read each tile group several times over, a part of every 64-byte piece each
   // time: from memory, 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the
   // rows (Zen 4, 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds).
-  const bool tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
-  const auto run = [&](auto contract_rows, auto tiles) {
-    if (tiled) return run_streamed(call, tiles, pk, buffers, kept);
-    run_streamed(call, contract_rows, pk, buffers, kept);
+  const auto run = [&](auto stream) {
+    stream.tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
+    run_streamed(call, stream, pk, buffers, kept);
   };
   switch (w.coding) {
     case WeightCoding::kDense:  // bf16 (bf16_operands)
-      return run(DenseStream<DType::kBF16>{}, DenseStream<DType::kBF16, true>{});
+      return run(DenseStream<DType::kBF16>{});
     case WeightCoding::kFp8:
-      return run(Fp8Stream<>{}, Fp8Stream<true>{});
+      return run(Fp8Stream{});
     case WeightCoding::kInt8:
-      return run(Int8AsFloatStream<>{}, Int8AsFloatStream<true>{});
+      return run(Int8AsFloatStream{});
     case WeightCoding::kNvfp4:
     case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
                              ") must be a multiple of its scale group");
-      if (w.coding == WeightCoding::kNvfp4)
-        return run(Fp4Bf16Stream<16>{}, Fp4Bf16Stream<16, true>{});
-      return run(Fp4Bf16Stream<32>{}, Fp4Bf16Stream<32, true>{});
+      if (w.coding == WeightCoding::kNvfp4) return run(Fp4Bf16Stream<16>{});
+      return run(Fp4Bf16Stream<32>{});
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }

@@ -42,33 +42,28 @@ struct Call {
 };
 
 /// bind(c, w, e, r) points tile channel c at row r of expert e's weights (elements of type T):
-/// its contract row, or with kTiled (a row that reads w.tiles when w has them picks that stream)
-/// its row in the weight tiles, whose 64-byte pieces lie kWeightTileRows pieces apart. The layout
-/// is a compile-time property: as a runtime flag, every address in the dots' loop recomputed the
-/// piece step from it (GCC 13 reloaded the flag for each of them).
-template <class T, bool kTiledRows = false>
+/// its contract row, or with `tiled` (set by a row that reads w.tiles when w has them) its row in
+/// the weight tiles, whose 64-byte pieces lie kWeightTileRows pieces apart.
+template <class T>
 struct StreamRows {
-  static constexpr bool kTiled = kTiledRows;
   const T* row[kMaxChannels] = {};
+  bool tiled = false;
   void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    if constexpr (kTiled)
-      row[c] = reinterpret_cast<const T*>(weight_tile_row(w.tiles, e, r));
-    else
-      row[c] = static_cast<const T*>(w.data.at({e, r, 0}));
+    row[c] = static_cast<const T*>(tiled ? static_cast<const void*>(weight_tile_row(w.tiles, e, r))
+                                         : w.data.at({e, r, 0}));
   }
   /// Byte `byte` of channel c's row, in either layout.
   const uint8_t* at(int c, int64_t byte) const {
+    const int piece_shift = tiled ? 8 : 6;  // log2 of the bytes from one piece to the next
     static_assert(kWeightTileRows * kWeightTilePieceBytes == 1 << 8 && kWeightTilePieceBytes == 64);
-    const uint8_t* start = reinterpret_cast<const uint8_t*>(row[c]);
-    if constexpr (kTiled) return start + ((byte >> 6) << 8) + (byte & 63);
-    return start + byte;
+    return reinterpret_cast<const uint8_t*>(row[c]) + ((byte >> 6) << piece_shift) + (byte & 63);
   }
   /// The prefetch lead of a walk of `channels`-row tiles: from a byte of a tile's row to the same
   /// byte of the next tile's. Tiles are one stream, groups back to back, so there it is a distance
   /// along that stream: a group, at most kTiledPrefetchBytes.
   int64_t lead(const WeightOperand& w, int channels) const {
-    if constexpr (kTiled) return std::min(weight_tile_group_bytes(w.tiles), kTiledPrefetchBytes);
-    return channels * w.data.strides[1] * dtype_size(w.data.dtype);
+    return tiled ? std::min(weight_tile_group_bytes(w.tiles), kTiledPrefetchBytes)
+                 : channels * w.data.strides[1] * dtype_size(w.data.dtype);
   }
   /// Lines fetched a whole group ahead of long rows (32 KiB for K = 4096 in bf16, 112 KiB for
   /// 14336) left L1 before they were read: one call from memory, one thread, took 0.88–0.94× the
@@ -79,12 +74,12 @@ struct StreamRows {
 
 /// Packed e2m1 rows (element 2j in the low nibble of byte j) with their rows of block-scale codes,
 /// one per kGroup elements (K is a multiple of kGroup).
-template <int kGroup, bool kTiledRows = false>
-struct Fp4StreamRows : StreamRows<uint8_t, kTiledRows> {
+template <int kGroup>
+struct Fp4StreamRows : StreamRows<uint8_t> {
   static_assert(kGroup == 16 || kGroup == 32, "fp4 scale groups are 16 or 32 elements");
   const uint8_t* scale_codes[kMaxChannels] = {};
   void bind(int c, const WeightOperand& w, int64_t e, int64_t r) {
-    StreamRows<uint8_t, kTiledRows>::bind(c, w, e, r);
+    StreamRows<uint8_t>::bind(c, w, e, r);
     scale_codes[c] = static_cast<const uint8_t*>(w.scale.at({e, r, 0}));
     // The scale rows are a stream of their own, read in short bursts: fetch the row that channel c
     // binds in the next tile (kMaxChannels rows on; weights prefetch in the dots).

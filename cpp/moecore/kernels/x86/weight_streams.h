@@ -37,42 +37,35 @@ inline __m512 decode_e4m3x16(const uint8_t* codes, __mmask16 mask) {
 
 // Weight streams: bind(c, ...) points tile channel c at one weight row; load(c, i, mask) gives
 // that row's elements [i, i + 16) exactly in fp32 (lanes outside `mask` are +0); element i of
-// channel c starts at byte i · kHalfBytes / 2 of row(c). kTiled: the rows are read from the
-// weight tiles (row_common.h); only the avx512_bf16 and amx rows' load_bf16x32 read them, through
-// at(); load() reads contract rows.
+// channel c starts at byte i · kHalfBytes / 2 of row(c).
 
-template <DType kDtype, bool kTiled = false>
-struct DenseStream : StreamRows<void, kTiled> {
+template <DType kDtype>
+struct DenseStream : StreamRows<void> {
   static constexpr int kHalfBytes = kDtype == DType::kF32 ? 8 : 4;
-  using StreamRows<void, kTiled>::row;
   __m512 load(int c, int64_t i, __mmask16 mask) const {
     return avx512::load_dense16(row[c], kDtype, i, mask);
   }
 };
 
-template <bool kTiled = false>
-struct Fp8Stream : StreamRows<uint8_t, kTiled> {
+struct Fp8Stream : StreamRows<uint8_t> {
   static constexpr int kHalfBytes = 2;
-  using StreamRows<uint8_t, kTiled>::row;
   __m512 load(int c, int64_t i, __mmask16 mask) const { return decode_e4m3x16(row[c] + i, mask); }
 };
 
 // int8 codes against activations that are not integer codes: fp32 products like the reference.
-template <bool kTiled = false>
-struct Int8AsFloatStream : StreamRows<int8_t, kTiled> {
+struct Int8AsFloatStream : StreamRows<int8_t> {
   static constexpr int kHalfBytes = 2;
-  using StreamRows<int8_t, kTiled>::row;
   __m512 load(int c, int64_t i, __mmask16 mask) const {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, row[c] + i)));
   }
 };
 
 // fp4 rows (x86/row_common.h): each 16 weights are a permute of their block's table.
-template <int kGroup, bool kTiled = false>
-struct Fp4Stream : Fp4StreamRows<kGroup, kTiled> {
+template <int kGroup>
+struct Fp4Stream : Fp4StreamRows<kGroup> {
   static constexpr int kHalfBytes = 1;
-  using Fp4StreamRows<kGroup, kTiled>::row;
-  using Fp4StreamRows<kGroup, kTiled>::scale_code;
+  using Fp4StreamRows<kGroup>::row;
+  using Fp4StreamRows<kGroup>::scale_code;
   __m512 load(int c, int64_t i, __mmask16) const {
     const __m512i bytes =
         _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row[c] + i / 2)));
@@ -142,9 +135,8 @@ void store_tile(const Call& call, const float (&total)[R][C], int64_t r0, int64_
 // lane by lane (one FMA), and fold them once at the end: a fold per block would cost more than
 // the block's dots when blocks are short (fp8's 128) and tiles have 8 rows. Such dots also give
 // the tile's activation scales of a block as one vector (Dots::row_scales), so that a block's R·C
-// scale products take C vector multiplies: computed one by one through ActivationCodes::scale
-// they took as long as the dots of fp8's 128-element blocks (8 × 512 × 4096 in 128 × 128 blocks
-// 1.6× the time of per-channel scales). Never inlined: inlined into the walk of a whole call, its
+// scale products take C vector multiplies: computed one by one through ActivationCodes::scale,
+// 16 × 512 × 4096 in 128 × 128 blocks took 1.6× the time of per-channel scales. Never inlined: inlined into the walk of a whole call, its
 // loop's registers depended on the code around it (a change to the activation packing there made
 // nvfp4 decode 1.2× slower through spills in this loop).
 template <int R, int C, class Dots>
