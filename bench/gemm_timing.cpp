@@ -36,7 +36,8 @@ struct Shape {
   std::string coding;  // bf16, fp8, fp8_block, int8, nvfp4, mxfp4
 };
 
-// Expert 0's weights [1, n, k] of `coding` with random codes and unit scales.
+// Expert 0's weights [1, n, k] of `coding` with random codes; unit scales but fp8_block's, drawn
+// from [0.5, 2).
 struct Weights {
   Tensor data, scale;
   WeightOperand w;

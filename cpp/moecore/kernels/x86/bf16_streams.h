@@ -32,10 +32,10 @@ inline __m512i load_bf16x32(const Int8AsFloatStream& stream, int c, int64_t k, _
 }
 
 // e4m3fn codes straight to bf16 bits, exactly (fewer steps than two fp32 decodes): a normal code
-// S.EEEE.MMM is S | (EEEE.MMM << 4) + (120 << 7), its exponent rebiased from 7 to 127. The nine
-// others, ±0 and the subnormals 0.MMM · 2^-6 (magnitude m < 8) and the NaN codes S.1111.111, come
-// from one table: with t = code + 1, they are the codes whose t & 0x7f is below 9, and t's low 5
-// bits index them (m + 1, and 0 for NaN, bf16's quiet NaN as in the fp32 decoder). The code
+// S.EEEE.MMM is S | (EEEE.MMM << 4) + (120 << 7), its exponent rebiased from 7 to 127. The other
+// magnitudes, zero and the subnormals 0.MMM · 2^-6 (m < 8) and NaN (S.1111.111), take the nine
+// entries of one table: with t = code + 1, they are the codes whose t & 0x7f is below 9, and t's
+// low 5 bits index them (m + 1, and 0 for NaN: bf16's quiet NaN, as in the fp32 decoder). The code
 // sign-extended to a word holds S in bit 15, whence the sign (an earlier form took a second
 // compare and blend for NaN and a shift for the sign: 10 operations per 32 weights, now 8).
 template <>
