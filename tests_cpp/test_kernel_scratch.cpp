@@ -290,8 +290,9 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
     scratch.bytes = std::vector<uint8_t>(scratch.bytes.size(), 0xff);
     ASSERT_NE(scratch.bytes.data(), was);
     expect_bits(run(a.view, second, m, half), run(a.view, 0, m, half), "replaced memory");
-    // Other codes (the same scales, which rows read on every call) under the same tag: the kept
-    // rows' result where a row keeps.
+    // Other codes (the same scales) under the same tag: the kept rows' result where a row keeps.
+    // (The two column blocks above check that kept rows come back with their scales: the bf16
+    // row keeps them laid out by K block beside the rows, the integer rows read them again.)
     a.codes = original.codes;
     const std::vector<float> stale = run(a.view, second, m, half);
     const std::vector<float> fresh = run(a.view, 0, m, half);

@@ -136,9 +136,10 @@ void store_tile(const Call& call, const float (&total)[R][C], int64_t r0, int64_
 // the block's dots when blocks are short (fp8's 128) and tiles have 8 rows. Such dots also give
 // the tile's activation scales of a block as one vector (Dots::row_scales), so that a block's R·C
 // scale products take C vector multiplies: computed one by one through ActivationCodes::scale,
-// 16 × 512 × 4096 in 128 × 128 blocks took 1.6× the time of per-channel scales. Never inlined: inlined into the walk of a whole call, its
-// loop's registers depended on the code around it (a change to the activation packing there made
-// nvfp4 decode 1.2× slower through spills in this loop).
+// 16 × 512 × 4096 in 128 × 128 blocks took 1.6× the time of per-channel scales. Never inlined:
+// inlined into the walk of a whole call, its loop's registers depended on the code around it (a
+// change to the activation packing there made nvfp4 decode 1.2× slower through spills in this
+// loop).
 template <int R, int C, class Dots>
 [[gnu::noinline]] void tile_lane_sums(const Call& call, const Dots& dots, int64_t r0,
                                       int64_t c0, int nc, const float* w_scales) {
