@@ -231,10 +231,10 @@ TEST_P(KernelScratchTest, ReservedScratchAllocatesNothingAndKeepsTheBits) {
 
 // Whether a row keeps a call's converted activation rows in the scratch for the next call with
 // the same tag (KeptRows): the bf16 rows' streamed path (bf16-exact float operands, one chunk of
-// 64 rows), their int8 × int8 paths from 16 rows (one chunk: 64 rows, amx's tiles 128).
+// 64 rows), their int8 × int8 paths (bytes below 16 rows, then one chunk: 64 rows, amx's tiles 128).
 bool keeps_rows(IsaLevel level, Coding c, int64_t m) {
   if (level < IsaLevel::kAvx512Bf16 || c == Coding::kF32 || c == Coding::kF16) return false;
-  if (c == Coding::kInt8Int8) return m >= 16 && m <= (level == IsaLevel::kAmx ? 128 : 64);
+  if (c == Coding::kInt8Int8) return m <= (level == IsaLevel::kAmx ? 128 : 64);
   return m <= 64;
 }
 

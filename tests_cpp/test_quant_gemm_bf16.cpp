@@ -227,7 +227,7 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
     const Tensor tiles = pack_weight_tiles(op.data.view());
     WeightOperand tiled_w = op.w;
     tiled_w.tiles = tiles.view();
-    for (int64_t m : {1, 2, 3, 16, 17, 64, 130}) {
+    for (int64_t m : {1, 2, 3, 7, 16, 17, 64, 130}) {
       SCOPED_TRACE(::testing::Message()
                    << row.name() << " " << case_name(c) << " m=" << m << " n=" << n << " k=" << k);
       const Activations a = make_activations(rng, c, m, op.w);
@@ -384,6 +384,53 @@ TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
         ASSERT_TRUE(std::isnan(out[code]));
       else
         ASSERT_EQ(out[code], ref[code]);
+    }
+  }
+}
+
+// int8 × int8 codes at the longest rows of the biased byte sums: every level gives the scalar
+// row's bits, from the contract rows and from weight tiles. Extreme codes (a = -128, w = 127) at
+// K = 65793 push the avx512_bf16 row's int32 sums of a · (w + 128) to -128 · 255 · K, the last K
+// inside int32; one code more and that row hands the call to the avx512 row.
+TEST(QuantGemmBf16DecodeTest, Int8CodesGiveTheReferenceBitsAtTheLongestRows) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> code(-128, 127);
+  for (const int64_t k : {int64_t{300}, int64_t{65793}, int64_t{65794}}) {
+    const bool extreme = k > 300;
+    const int64_t n = 5;
+    Tensor data = Tensor::empty({1, n, k}, DType::kI8);
+    Tensor scale = Tensor::empty({1, n}, DType::kF32);
+    for (int64_t i = 0; i < data.numel(); ++i)
+      data.ptr<int8_t>()[i] = static_cast<int8_t>(extreme ? 127 : code(rng));
+    for (int64_t i = 0; i < n; ++i) scale.ptr<float>()[i] = 0.5f + 0.25f * float(i);
+    WeightOperand w;
+    w.coding = WeightCoding::kInt8;
+    w.data = data.view();
+    w.scale = scale.view();
+    w.num_experts = 1;
+    w.n = n;
+    w.k = k;
+    const Tensor tiles = pack_weight_tiles(data.view());
+    WeightOperand tiled = w;
+    tiled.tiles = tiles.view();
+    for (int64_t m : {1, 3, 20}) {
+      std::vector<float> codes(static_cast<size_t>(m * k));
+      for (float& v : codes) v = extreme ? -128.0f : static_cast<float>(code(rng));
+      ActivationCodes a;
+      a.codes = codes.data();
+      a.ld = k;
+      a.integer = true;
+      a.bf16_exact = true;
+      std::vector<float> ref(m * n);
+      scaled_gemm_ref(a, m, w, 0, 0, n, ref.data(), n);
+      for (IsaLevel level : available_isa_levels()) {
+        SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " k=" << k << " m=" << m);
+        for (const WeightOperand* operand : {&w, &tiled}) {
+          std::vector<float> out(m * n);
+          scaled_gemm_kernel(level, false)(a, m, *operand, 0, 0, n, out.data(), n);
+          for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(out[i], ref[i]) << i;
+        }
+      }
     }
   }
 }

@@ -47,12 +47,7 @@ struct TritonMoeQuantInfo : MoeQuantInfo {
   Tensor w13_scale, w2_scale, w13_zp, w2_zp, a13_scale, a2_scale;
   std::vector<int64_t> block_shape;  // empty: None
   const char* name() const override { return "TritonMoeQuantInfo"; }
-  /// None under use_int8_w8a8: int8 × int8 codes take the integer rows, which read the contract
-  /// layout (a repack of their own, exact in int32), so tiles would only take memory.
-  std::vector<Tensor> kernel_weights() const override {
-    if (use_int8_w8a8) return {};
-    return {w13_weight, w2_weight};
-  }
+  std::vector<Tensor> kernel_weights() const override { return {w13_weight, w2_weight}; }
   bool is_quantized() const {
     return use_fp8_w8a8 || use_int8_w8a8 || use_int8_w8a16 || use_int4_w4a16;
   }

@@ -28,12 +28,6 @@ class Int8MoEMethod : public FusedMoEMethod {
   QuantInfoPtr apply_quant_info(FusedMoE& layer,
                                 const DispatchOutputPtr& dispatch_output) override;
   QuantInfoPtr quant_info(const FusedMoE& layer) const;
-  /// None for W8A8: int8 × int8 rows read the contract layout (TritonMoeQuantInfo::kernel_weights).
-  std::vector<Tensor> kernel_weights(const FusedMoE& layer) const override {
-    if (w8a8_) return {};
-    return FusedMoEMethod::kernel_weights(layer);
-  }
-
  private:
   bool w8a8_;
 };

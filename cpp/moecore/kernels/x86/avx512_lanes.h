@@ -29,6 +29,11 @@ inline __mmask32 tail_mask32(int64_t left) {
   return left >= 32 ? ~static_cast<__mmask32>(0) : (static_cast<__mmask32>(1) << left) - 1;
 }
 
+/// Bytes [0, min(left, 64)) set: the tail of a 64-byte step.
+inline __mmask64 tail_mask64(int64_t left) {
+  return left >= 64 ? ~static_cast<__mmask64>(0) : (static_cast<__mmask64>(1) << left) - 1;
+}
+
 /// Elements [i, i + 16) of a f32, f16 or bf16 row widened exactly to fp32 (masked lanes are +0).
 inline __m512 load_dense16(const void* w, DType dtype, int64_t i, __mmask16 mask) {
   switch (dtype) {

@@ -2,8 +2,7 @@
 // built with AVX512-BF16 flags or more): which operands they take, and rows of codes in a padded
 // K layout, where each K block of the weight's scale grid is padded with zeros to whole 64-byte
 // steps, so a step never straddles two blocks and padding adds exact zeros. Codes are bf16 (the
-// activation rows of bf16-exact operands), int16 or int8 (exact integer codes for the int8 × int8
-// dot).
+// activation rows of bf16-exact operands) or int8 (exact integer codes for the int8 × int8 dot).
 #pragma once
 
 #include <immintrin.h>
@@ -28,7 +27,7 @@ namespace {  // internal linkage: each ISA file keeps its own copy, compiled wit
 
 constexpr int64_t kStepBytes = 64;
 
-enum class CodeType { kBf16, kInt16, kInt8 };
+enum class CodeType { kBf16, kInt8 };
 
 inline int64_t code_bytes(CodeType type) { return type == CodeType::kInt8 ? 1 : 2; }
 
@@ -44,10 +43,10 @@ inline bool integer_operands(const ActivationCodes& a, const WeightOperand& w) {
   return a.integer && w.coding == WeightCoding::kInt8;
 }
 
-/// int8 × int8 calls of fewer rows take the avx512 row, which streams the int8 weights as they
-/// are stored: the VNNI and AMX rows repack every weight row of a call, which pays off only over
-/// enough rows (decode calls have one or a few). The dots are exact on every row, so the choice
-/// never changes a bit.
+/// int8 × int8 calls of fewer rows take the avx512_bf16 row, which streams the int8 weights as
+/// they are stored: the AMX row repacks every weight row of a call into tiles, which pays off only
+/// over enough rows (decode calls have one or a few). The dots are exact on every row, so the
+/// choice never changes a bit.
 constexpr int64_t kPackedIntegerMinRows = 16;
 
 /// `bytes` (whole 64-byte lines) plus one line when they are an even number of lines: the distance
@@ -86,9 +85,6 @@ inline void store_codes(const float* src, int64_t n, CodeType type, uint8_t* dst
       case CodeType::kBf16:
         _mm256_mask_storeu_epi16(dst + 2 * i, mask, (__m256i)_mm512_cvtneps_pbh(v));
         break;
-      case CodeType::kInt16:
-        _mm512_mask_cvtsepi32_storeu_epi16(dst + 2 * i, mask, _mm512_cvtps_epi32(v));
-        break;
       case CodeType::kInt8:
         _mm512_mask_cvtsepi32_storeu_epi8(dst + i, mask, _mm512_cvtps_epi32(v));
         break;
@@ -104,12 +100,11 @@ inline void pack_codes_row(const float* src, const PaddedK& pk, CodeType type, u
                 dst + pk.block_first_step(b) * kStepBytes);
 }
 
-/// Row `row` of expert e's int8 weights (kInt8 coding) into the padded layout as int8 or int16
-/// codes, straight from the stored bytes, plus its num_blocks scales.
+/// Row `row` of expert e's int8 weights (kInt8 coding) into the padded int8 layout, straight from
+/// the stored bytes, plus its num_blocks scales.
 inline void pack_int8_weight_row(const WeightOperand& w, int64_t e, int64_t row, const PaddedK& pk,
-                                 CodeType type, uint8_t* dst, float* scales) {
-  MOECORE_INTERNAL_CHECK(w.coding == WeightCoding::kInt8 && type != CodeType::kBf16,
-                         "int8 weights pack as int8 or int16 codes");
+                                 uint8_t* dst, float* scales) {
+  MOECORE_INTERNAL_CHECK(w.coding == WeightCoding::kInt8, "int8 weights only");
   weight_row_scales(w, e, row, scales);
   const int8_t* codes = static_cast<const int8_t*>(w.data.at({e, row, 0}));
   std::memset(dst, 0, static_cast<size_t>(pk.row_bytes()));
@@ -119,11 +114,7 @@ inline void pack_int8_weight_row(const WeightOperand& w, int64_t e, int64_t row,
     const int64_t len = pk.block_len(b);
     for (int64_t i = 0; i < len; i += 32) {
       const __mmask32 mask = avx512::tail_mask32(len - i);
-      const __m256i bytes = _mm256_maskz_loadu_epi8(mask, src + i);
-      if (type == CodeType::kInt8)
-        _mm256_mask_storeu_epi8(out + i, mask, bytes);
-      else
-        _mm512_mask_storeu_epi16(out + 2 * i, mask, _mm512_cvtepi8_epi16(bytes));
+      _mm256_mask_storeu_epi8(out + i, mask, _mm256_maskz_loadu_epi8(mask, src + i));
     }
   }
 }

@@ -190,7 +190,7 @@ void gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int
     const uint8_t* rows = buffers.w_rows;
     const int64_t stride = row_bytes;
     for (int64_t j = 0; j < cols; ++j) {
-      pack_int8_weight_row(w, e, n0 + c0 + j, pk, type, buffers.w_rows + j * row_bytes,
+      pack_int8_weight_row(w, e, n0 + c0 + j, pk, buffers.w_rows + j * row_bytes,
                            buffers.row_scales);
       for (int64_t b = 0; b < nb; ++b) w_scales[b * kColumns + j] = buffers.row_scales[b];
     }

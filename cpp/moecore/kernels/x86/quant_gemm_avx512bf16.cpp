@@ -12,9 +12,9 @@
 // row's result depends on its own activation and weight rows only, never on the other rows of
 // the call, nor on threads.
 //
-// int8 × int8 codes of at least kPackedIntegerMinRows rows: VPDPWSSD on int16 codes in the padded
-// layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other operands
-// run the avx512 row. Working memory comes from the call's GemmScratch and never depends on M.
+// int8 × int8 codes: VPDPBUSD on the int8 weights as streamed, against activation bytes in the
+// padded layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other
+// operands run the avx512 row. Working memory comes from the call's GemmScratch and never depends on M.
 #include "moecore/kernels/x86/bf16_operands.h"
 #include "moecore/kernels/x86/bf16_streams.h"
 
@@ -79,11 +79,14 @@ struct Bf16Dots {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     const int64_t row_stride = pk.row_stride();
     const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
+    // A local copy of the stream: GCC then keeps its fields in registers instead of reloading the
+    // layout flag for every channel's address (bf16 decode from L2 took 0.88x the time).
+    const Stream s = stream;
     for (int64_t i = 0; i < len; i += 32) {
-      prefetch_ahead<C>(stream, k0 + i, ahead);
+      prefetch_ahead<C>(s, k0 + i, ahead);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
-      for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
+      for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(s, c, k0 + i, mask);
       for (int r = 0; r < R; ++r) {
         const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * i);
         for (int c = 0; c < C; ++c)
@@ -224,104 +227,113 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }
 
-// ---- int8 × int8 codes: packed int16 rows -----------------------------------------------------
+// ---- int8 × int8 codes: VPDPBUSD on the streamed weights -------------------------------------
+// The int8 weights stream as stored, like the float path's (the weight tiles when the call walks
+// 4-channel tiles, else the contract rows), 64 codes per step against the activation codes as
+// bytes in the padded K layout (bf16_operands.h), converted once per chunk of kRowChunk rows.
+// VPDPBUSD multiplies unsigned by signed bytes, so the weights go in as w + 128 (w ^ 0x80) and a
+// block's dot is Σ a·(w + 128) − 128·Σ a: exact in int32 for K ≤ kByteMaxK (|Σ a·(w + 128)| ≤
+// 128 · 255 · K < 2^31), so bitwise every other row's. An earlier form widened both sides to
+// int16 and repacked every weight row for VPDPWSSD: 16 × 1536 × 2048 took 0.66 ms there and
+// 0.35 ms here, and decode calls took the avx512 row (vpmaddwd, contract rows only), where
+// Qwen3-30B-A3B's int8 decode read its weights at half fp8's rate (Zen 4, 2026-11-27).
+constexpr int64_t kByteMaxK = ((int64_t{1} << 31) - 1) / (128 * 255);  // 65793
 
-constexpr int64_t kColumnBlock = 64;  // weight rows packed at a time (L2), reused by every row
-constexpr int kRows = 4, kCols = 4;   // register block: kRows × kCols accumulators
-
-// The integer path's working memory, one layout for every call on the weight operand.
-struct PackedBuffers {
-  uint8_t* a_codes;  // [kRowChunk, row_stride]: packed activation rows
-  uint8_t* w_codes;  // [kColumnBlock, row_stride]: packed weight rows
-  float* w_scales;   // [kColumnBlock, nb]
-  PackedBuffers(ScratchCarver& s, const PaddedK& pk)
+// The byte path's working memory, one layout for every call on the weight operand.
+struct ByteBuffers {
+  uint8_t* a_codes;  // [kRowChunk, row_stride]: activation codes as bytes, padded K layout
+  int32_t* a_sums;   // [kRowChunk, nb]: their sums over each K block
+  float* w_scales;   // [kMaxChannels, nb]: K-block scales of the channel tile
+  ByteBuffers(ScratchCarver& s, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
-        w_codes(s.take<uint8_t>(kColumnBlock * pk.row_stride())),
-        w_scales(s.take<float>(kColumnBlock * pk.num_blocks)) {}
+        a_sums(s.take<int32_t>(kRowChunk * pk.num_blocks)),
+        w_scales(s.take<float>(kMaxChannels * pk.num_blocks)) {}
 };
 
-size_t packed_scratch_bytes(const WeightOperand& w) {
+size_t byte_scratch_bytes(const WeightOperand& w) {
   ScratchCarver sizing;
-  [[maybe_unused]] const PackedBuffers layout(sizing, PaddedK(w, CodeType::kInt16));
+  [[maybe_unused]] const ByteBuffers layout(sizing, PaddedK(w, CodeType::kInt8));
   return sizing.bytes();
 }
 
-// Adds block b's partial dot of (row r, a weight row with scale w_scale) into *acc with the
-// operation order of scaled_gemm_ref: ((dot · sa[r, b]) · sw[c, b]), summed over b in order.
-void fold_block(float dot, const ActivationCodes& a, int64_t r, int64_t b, float w_scale,
-                float* acc) {
-  const float part = dot * a.scale(r, b) * w_scale;
-  *acc = b == 0 ? part : *acc + part;
-}
+// Exact int32 dots of R activation rows (bytes) × C streamed int8 weight rows over one K block.
+struct ByteDots {
+  Int8AsFloatStream stream;  // the int8 weights' row pointers (tiles or contract rows)
+  const uint8_t* a;          // activation rows, pk.row_stride() apart
+  const int32_t* a_sums;     // Σ a of row r over block b at r · nb + b
+  PaddedK pk;
+  int64_t ahead = 0;  // prefetch lead (set by walk)
+  static constexpr bool kLaneSums = false;  // each block's dot is exact: the canonical tile
 
-// Exact int32 dots of kRows activation rows with kCols weight rows over steps [s0, s1).
-void int_dot_block(const uint8_t* a, const uint8_t* w, int64_t row_stride, int64_t s0, int64_t s1,
-                   float dots[kRows][kCols]) {
-  __m512i acc[kRows][kCols];
-  for (auto& row : acc)
-    for (auto& v : row) v = _mm512_setzero_si512();
-  for (int64_t s = s0; s < s1; ++s) {
-    __m512i av[kRows], wv[kCols];
-    for (int i = 0; i < kRows; ++i) av[i] = _mm512_loadu_si512(a + i * row_stride + s * kStepBytes);
-    for (int j = 0; j < kCols; ++j) wv[j] = _mm512_loadu_si512(w + j * row_stride + s * kStepBytes);
-    for (int i = 0; i < kRows; ++i)
-      for (int j = 0; j < kCols; ++j) acc[i][j] = _mm512_dpwssd_epi32(acc[i][j], av[i], wv[j]);
+  template <int R, int C>
+  void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
+    __m512i acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+    const int64_t row_stride = pk.row_stride(), b = k0 / pk.block_k;
+    const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(b) * kStepBytes;
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    const Int8AsFloatStream s = stream;  // a local copy, as in Bf16Dots
+    for (int64_t i = 0; i < len; i += kStepBytes) {
+      prefetch_ahead<C>(s, k0 + i, ahead);
+      // Past the block's end the activation bytes are the layout's zero padding, so whatever
+      // the masked-off weight lanes hold adds nothing (the mask keeps the loads inside the rows).
+      const __mmask64 mask = avx512::tail_mask64(len - i);
+      __m512i wv[C];
+      for (int c = 0; c < C; ++c)
+        wv[c] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, s.at(c, k0 + i)), bias);
+      for (int r = 0; r < R; ++r) {
+        const __m512i av = _mm512_loadu_si512(rows + r * row_stride + i);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv[c], av);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        const int64_t dot = int64_t{_mm512_reduce_add_epi32(acc[r][c])} -
+                            128 * int64_t{a_sums[(r0 + r) * pk.num_blocks + b]};
+        part[r][c] = static_cast<float>(dot);
+      }
   }
-  for (int i = 0; i < kRows; ++i)
-    for (int j = 0; j < kCols; ++j)
-      dots[i][j] = static_cast<float>(_mm512_reduce_add_epi32(acc[i][j]));
-}
+};
 
-// Activation rows [0, m ≤ kRowChunk) of the call against weight rows [n0, n0 + n).
-// (packed_rows: the chunk's rows are packed already, by an earlier call: KeptRows.)
-void int_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
-                    int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
-                    const PackedBuffers& buffers, bool packed_rows) {
-  const int64_t row_stride = pk.row_stride(), nb = pk.num_blocks;
-  const int64_t m_padded = (m + kRows - 1) / kRows * kRows;
-  const float alpha = expert_alpha(w, e);
-  if (!packed_rows) {
-    for (int64_t r = 0; r < m; ++r)
-      pack_codes_row(a.row(r), pk, CodeType::kInt16, buffers.a_codes + r * row_stride);
-    std::memset(buffers.a_codes + m * row_stride, 0,
-                static_cast<size_t>((m_padded - m) * row_stride));
-  }
-
-  for (int64_t c0 = 0; c0 < n; c0 += kColumnBlock) {
-    const int64_t cols = std::min(kColumnBlock, n - c0);
-    const int64_t cols_padded = (cols + kCols - 1) / kCols * kCols;
-    for (int64_t c = 0; c < cols; ++c)
-      pack_int8_weight_row(w, e, n0 + c0 + c, pk, CodeType::kInt16,
-                           buffers.w_codes + c * row_stride, buffers.w_scales + c * nb);
-    std::memset(buffers.w_codes + cols * row_stride, 0,
-                static_cast<size_t>((cols_padded - cols) * row_stride));
-    for (int64_t r0 = 0; r0 < m; r0 += kRows)
-      for (int64_t j0 = 0; j0 < cols; j0 += kCols)
-        for (int64_t b = 0; b < nb; ++b) {
-          float dots[kRows][kCols];
-          const int64_t s0 = pk.block_first_step(b);
-          int_dot_block(buffers.a_codes + r0 * row_stride, buffers.w_codes + j0 * row_stride,
-                        row_stride, s0, s0 + pk.block_steps(b), dots);
-          for (int i = 0; i < kRows && r0 + i < m; ++i)
-            for (int j = 0; j < kCols && j0 + j < cols; ++j) {
-              float* o = out + (r0 + i) * ldo + c0 + j0 + j;
-              fold_block(dots[i][j], a, r0 + i, b, buffers.w_scales[(j0 + j) * nb + b], o);
-              if (b == nb - 1) *o *= alpha;
-            }
-        }
+// Σ of row r's codes over each K block (exact: integers below 2^24 in magnitude).
+void block_sums(const float* codes, const PaddedK& pk, int32_t* sums) {
+  for (int64_t b = 0; b < pk.num_blocks; ++b) {
+    __m512i sum = _mm512_setzero_si512();
+    const float* block = codes + b * pk.block_k;
+    for (int64_t i = 0; i < pk.block_len(b); i += 16) {
+      const __mmask16 mask = avx512::tail_mask(pk.block_len(b) - i);
+      sum = _mm512_add_epi32(sum, _mm512_cvtps_epi32(_mm512_maskz_loadu_ps(mask, block + i)));
+    }
+    sums[b] = _mm512_reduce_add_epi32(sum);
   }
 }
 
-void scaled_gemm_packed_int8(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
-                             int64_t n0, int64_t n, float* out, int64_t ldo) {
-  const PaddedK pk(w, CodeType::kInt16);
+// Rows [0, m) in chunks of kRowChunk, each converted to bytes and walked as a call of its own
+// (integer dots are exact, so chunking changes no bit). A call of one chunk keeps its bytes and
+// sums for the next call on the same rows.
+void scaled_gemm_bytes(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                       int64_t n0, int64_t n, float* out, int64_t ldo) {
+  const PaddedK pk(w, CodeType::kInt8);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
-  const PackedBuffers buffers(carver, pk);
-  const KeptRows kept(a, m, w, kRowChunk);  // a call of one chunk keeps its packed rows
-  // Each output depends only on its own activation row: chunks of rows are calls of their own.
-  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk)
-    int_gemm_chunk(activation_rows_from(a, r0), std::min(kRowChunk, m - r0), w, e, n0, n,
-                   out + r0 * ldo, ldo, pk, buffers, kept.reusable());
+  const ByteBuffers buffers(carver, pk);
+  const KeptRows kept(a, m, w, kRowChunk);
+  const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
+  // The tiles as in scaled_gemm_streamed. int8 weights have one scale per row (one K block), so
+  // every 64-byte step starts on one of their pieces.
+  const bool tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
+  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, m - r0);
+    const Call part = call.rows_from(r0, rows);
+    if (!kept.reusable())
+      for (int64_t r = 0; r < rows; ++r) {
+        pack_codes_row(part.a.row(r), pk, CodeType::kInt8, buffers.a_codes + r * pk.row_stride());
+        block_sums(part.a.row(r), pk, buffers.a_sums + r * pk.num_blocks);
+      }
+    ByteDots dots{Int8AsFloatStream{}, buffers.a_codes, buffers.a_sums, pk};
+    dots.stream.tiled = tiled;
+    walk_tiles(part, dots);
+  }
   kept.keep();
 }
 
@@ -330,16 +342,18 @@ void scaled_gemm_packed_int8(const ActivationCodes& a, int64_t m, const WeightOp
 size_t scaled_gemm_avx512_bf16_scratch_bytes(const WeightOperand& w) {
   // Calls the avx512 row takes use its memory.
   size_t bytes = std::max(stream_scratch_bytes(w), scaled_gemm_avx512_scratch_bytes(w));
-  if (w.coding == WeightCoding::kInt8) bytes = std::max(bytes, packed_scratch_bytes(w));
+  if (w.coding == WeightCoding::kInt8) bytes = std::max(bytes, byte_scratch_bytes(w));
   return bytes;
 }
 
 void scaled_gemm_avx512_bf16(const ActivationCodes& a, int64_t m, const WeightOperand& w,
                              int64_t e, int64_t n0, int64_t n, float* out, int64_t ldo) {
   if (integer_operands(a, w)) {
-    if (m < kPackedIntegerMinRows) return scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
+    // Longer rows could overflow the biased int32 sums (up to 128 · 255 · K): the avx512 row's
+    // vpmaddwd sums are unbiased.
+    if (w.k > kByteMaxK) return scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
     check_activation_scales(a, w);
-    return scaled_gemm_packed_int8(a, m, w, e, n0, n, out, ldo);
+    return scaled_gemm_bytes(a, m, w, e, n0, n, out, ldo);
   }
   if (!bf16_operands(a, w)) return scaled_gemm_avx512(a, m, w, e, n0, n, out, ldo);
   check_activation_scales(a, w);
