@@ -231,7 +231,7 @@ TEST_P(KernelScratchTest, ReservedScratchAllocatesNothingAndKeepsTheBits) {
 
 // Whether a row keeps a call's converted activation rows in the scratch for the next call with
 // the same tag (KeptRows): the bf16 rows' streamed path (bf16-exact float operands, one chunk of
-// 64 rows), their int8 × int8 paths (bytes below 16 rows, then one chunk: 64 rows, amx's tiles 128).
+// 64 rows), their int8 × int8 paths (one chunk: 64 rows; 128 for amx's tiles, from 16 rows).
 bool keeps_rows(IsaLevel level, Coding c, int64_t m) {
   if (level < IsaLevel::kAvx512Bf16 || c == Coding::kF32 || c == Coding::kF16) return false;
   if (c == Coding::kInt8Int8) return m <= (level == IsaLevel::kAmx ? 128 : 64);

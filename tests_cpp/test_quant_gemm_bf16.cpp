@@ -350,6 +350,18 @@ TEST_P(QuantGemmBf16Test, ActivationsNotBf16ExactRunTheCanonicalRow) {
   for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(out[i], ref[i]) << i;
 }
 
+// One expert's weights of a one-byte coding: data [1, N, K] with its scales.
+WeightOperand one_expert(WeightCoding coding, const Tensor& data, const Tensor& scale) {
+  WeightOperand w;
+  w.coding = coding;
+  w.data = data.view();
+  w.scale = scale.view();
+  w.num_experts = 1;
+  w.n = data.size(1);
+  w.k = data.size(2);
+  return w;
+}
+
 // Every e4m3 code through the bf16 rows' in-register decode: weight row c holds code c then zeros,
 // the activation row is (1, 0, …), so out[c] is code c's value, exactly as the scalar decoder
 // gives it (NaN codes NaN).
@@ -359,13 +371,7 @@ TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
   Tensor scale = Tensor::empty({1}, DType::kF32);
   for (int64_t c = 0; c < kCodes; ++c) static_cast<uint8_t*>(data.view().data)[c * kK] = uint8_t(c);
   scale.ptr<float>()[0] = 1.0f;
-  WeightOperand w;
-  w.coding = WeightCoding::kFp8;
-  w.data = data.view();
-  w.scale = scale.view();
-  w.num_experts = 1;
-  w.n = kCodes;
-  w.k = kK;
+  const WeightOperand w = one_expert(WeightCoding::kFp8, data, scale);
   std::vector<float> unit_row(kK, 0.0f);
   unit_row[0] = 1.0f;
   ActivationCodes a;
@@ -403,13 +409,7 @@ TEST(QuantGemmBf16DecodeTest, Int8CodesGiveTheReferenceBitsAtTheLongestRows) {
     for (int64_t i = 0; i < data.numel(); ++i)
       data.ptr<int8_t>()[i] = static_cast<int8_t>(extreme ? 127 : code(rng));
     for (int64_t i = 0; i < n; ++i) scale.ptr<float>()[i] = 0.5f + 0.25f * float(i);
-    WeightOperand w;
-    w.coding = WeightCoding::kInt8;
-    w.data = data.view();
-    w.scale = scale.view();
-    w.num_experts = 1;
-    w.n = n;
-    w.k = k;
+    WeightOperand w = one_expert(WeightCoding::kInt8, data, scale);
     const Tensor tiles = pack_weight_tiles(data.view());
     WeightOperand tiled = w;
     tiled.tiles = tiles.view();

@@ -14,7 +14,8 @@
 //
 // int8 × int8 codes: VPDPBUSD on the int8 weights as streamed, against activation bytes in the
 // padded layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other
-// operands run the avx512 row. Working memory comes from the call's GemmScratch and never depends on M.
+// operands run the avx512 row. Working memory comes from the call's GemmScratch and never depends
+// on M.
 #include "moecore/kernels/x86/bf16_operands.h"
 #include "moecore/kernels/x86/bf16_streams.h"
 
@@ -231,8 +232,8 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
 // VPDPBUSD multiplies unsigned by signed bytes, so the weights go in as w + 128 (w ^ 0x80) and a
 // block's dot is Σ a·(w + 128) − 128·Σ a: exact in int32 for K ≤ kByteMaxK (|Σ a·(w + 128)| ≤
 // 128 · 255 · K < 2^31), so bitwise every other row's. An earlier form widened both sides to
-// int16 and repacked every weight row for VPDPWSSD: 16 × 1536 × 2048 took 0.66 ms there and
-// 0.35 ms here, and decode calls took the avx512 row (vpmaddwd, contract rows only), where
+// int16 and repacked every weight row for VPDPWSSD: 16 × 1536 × 2048 took 0.63 ms there and
+// 0.39 ms here, and decode calls took the avx512 row (vpmaddwd, contract rows only), where
 // Qwen3-30B-A3B's int8 decode read its weights at half fp8's rate (Zen 4, 2026-11-27).
 constexpr int64_t kByteMaxK = ((int64_t{1} << 31) - 1) / (128 * 255);  // 65793
 
@@ -292,7 +293,7 @@ struct ByteDots {
   }
 };
 
-// Σ of row r's codes over each K block (exact: integers below 2^24 in magnitude).
+// The sums of a row's codes over each K block (integers, exact in fp32 and in int32).
 void block_sums(const float* codes, const PaddedK& pk, int32_t* sums) {
   for (int64_t b = 0; b < pk.num_blocks; ++b) {
     __m512i sum = _mm512_setzero_si512();
