@@ -58,12 +58,13 @@ struct StreamRows {
     static_assert(kWeightTileRows * kWeightTilePieceBytes == 1 << 8 && kWeightTilePieceBytes == 64);
     return reinterpret_cast<const uint8_t*>(row[c]) + ((byte >> 6) << piece_shift) + (byte & 63);
   }
-  /// The prefetch lead of a walk of `channels`-row tiles: from a byte of a tile's row to the same
-  /// byte of the next tile's. Tiles are one stream, groups back to back, so there it is a distance
-  /// along that stream: a group, at most kTiledPrefetchBytes.
+  /// The prefetch lead of a walk of `channels`-row tiles: in the contract rows, from a byte of a
+  /// tile's row to the same byte of the next tile's. Tiles are one stream, groups back to back, so
+  /// there it is a distance along that stream, kTiledPrefetchBytes whatever the group: a group of
+  /// short rows is too short a lead (int8 at K = 768, groups of 3 KiB: 1 × 65536 × 768 from memory
+  /// took 2.97 ms with a group's lead and 2.38 ms with this one; Zen 4, 2026-11-27).
   int64_t lead(const WeightOperand& w, int channels) const {
-    return tiled ? std::min(weight_tile_group_bytes(w.tiles), kTiledPrefetchBytes)
-                 : channels * w.data.strides[1] * dtype_size(w.data.dtype);
+    return tiled ? kTiledPrefetchBytes : channels * w.data.strides[1] * dtype_size(w.data.dtype);
   }
   /// Lines fetched a whole group ahead of long rows (32 KiB for K = 4096 in bf16, 112 KiB for
   /// 14336) left L1 before they were read: one call from memory, one thread, took 0.88–0.94× the
