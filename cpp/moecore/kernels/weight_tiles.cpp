@@ -74,6 +74,4 @@ void attach_weight_tiles(const WeightTileSet* set, WeightOperand& w) {
   w.tiles = set != nullptr ? set->find(w.data) : TensorView{};
 }
 
-int64_t weight_tile_group_bytes(const TensorView& tiles) { return tiles.strides[1]; }
-
 }  // namespace moecore

@@ -55,7 +55,5 @@ void attach_weight_tiles(const WeightTileSet* set, WeightOperand& w);
 
 /// The first byte of row r of expert e in `tiles`; its piece p is p · 4 · 64 bytes on.
 const uint8_t* weight_tile_row(const TensorView& tiles, int64_t e, int64_t r);
-/// Bytes of one group of rows of `tiles` (from a row to the same row slot one group on).
-int64_t weight_tile_group_bytes(const TensorView& tiles);
 
 }  // namespace moecore
