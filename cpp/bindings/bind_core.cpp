@@ -71,7 +71,8 @@ void bind_core(py::module_& m) {
                     "avx512_bf16"_a = f.avx512_bf16, "avx512_vnni"_a = f.avx512_vnni,
                     "amx_tile"_a = f.amx_tile, "amx_bf16"_a = f.amx_bf16,
                     "amx_int8"_a = f.amx_int8, "os_saves_avx512"_a = f.os_saves_avx512,
-                    "os_saves_amx"_a = f.os_saves_amx, "amx_permission"_a = f.amx_permission);
+                    "os_saves_amx"_a = f.os_saves_amx, "amx_permission"_a = f.amx_permission,
+                    "vendor_amd"_a = f.vendor_amd);
   });
 
   // Threads.

@@ -44,6 +44,8 @@ CpuFeatures detect() {
   CpuFeatures f;
 #ifdef MOECORE_X86
   unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  f.vendor_amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163;  // "Auth" "enti" "cAMD"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = (c >> 27) & 1;
   f.fma = (c >> 12) & 1;

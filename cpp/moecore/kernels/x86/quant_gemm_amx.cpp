@@ -352,7 +352,7 @@ struct WeightPair {
   Stream streams[2][kTileRows / kMaxChannels];  // channel c of stream q: tile row 4q + c
   int tiles = 0;                                // weight tiles in the pair (1 or 2)
   bool direct = false;                          // steps straight from the contract rows
-  int64_t ahead = 0;                            // prefetch lead: the next pair's rows
+  WeightPrefetch prefetch;                      // the next pair's rows
 
   WeightPair(const WeightOperand& weights, const PaddedK& padded, int64_t e, int64_t first,
              int64_t cols)
@@ -363,7 +363,7 @@ struct WeightPair {
         const int64_t row = first + std::min<int64_t>(h * kTileRows + r, cols - 1);
         streams[h][r / kMaxChannels].bind(static_cast<int>(r % kMaxChannels), w, e, row);
       }
-    ahead = kPairRows * stream_row_stride(streams[0][0], w);
+    prefetch.lead = kPairRows * stream_row_stride(streams[0][0], w);
     direct = std::is_same_v<Stream, DenseStream<DType::kBF16>> && w.k % 32 == 0 &&
              w.data.strides[2] == 1 && first + tiles * kTileRows <= w.n;
   }
@@ -375,7 +375,7 @@ struct WeightPair {
     const int64_t k = b * pk.block_k + 32 * i;
     if ((k * Stream::kHalfBytes / 2 & 63) == 0)
       for (int q = 0; q < kTileRows / kMaxChannels; ++q)
-        prefetch_next_tile_step<kMaxChannels, Stream::kHalfBytes>(streams[h][q].row, k, ahead);
+        prefetch_next_tile_step<1, kMaxChannels, Stream::kHalfBytes>(streams[h][q].row, k, prefetch);
     if (direct) {
       const auto* row = static_cast<const uint8_t*>(static_cast<const void*>(streams[h][0].row[0]));
       return transpose_16x16(row + s * kStepBytes, stream_row_stride(streams[0][0], w), dst);

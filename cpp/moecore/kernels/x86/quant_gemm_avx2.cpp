@@ -270,11 +270,10 @@ inline int64_t row_stride_bytes(const WeightOperand& w) {
 template <int kHalfBytes>
 constexpr int64_t kLineElements = 64 * 2 / kHalfBytes;
 
-template <int C>
+template <int R, int C>
 inline void prefetch_next_tile(const uint8_t* const (&rows)[kMaxChannels], int64_t byte,
-                               int64_t ahead) {
-  for (int c = 0; c < C; ++c)
-    _mm_prefetch(reinterpret_cast<const char*>(rows[c] + byte + ahead), _MM_HINT_T0);
+                               const WeightPrefetch& prefetch) {
+  for (int c = 0; c < C; ++c) prefetch.line<R>(rows[c] + byte);
 }
 
 // The canonical fold of 16 lane sums held as lanes 0–7 (lo) and 8–15 (hi): j += j+8 (lo + hi),
@@ -331,7 +330,7 @@ struct FloatDots {
   // Streams with kPermutedLanes: the call's activation rows in kLaneOrder, row r at r · ld.
   const float* permuted = nullptr;
   int64_t permuted_ld = 0;
-  int64_t ahead = 0;  // prefetch lead (set by walk)
+  WeightPrefetch prefetch = {};  // set by walk
 
   template <int R, int C>
   void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
@@ -383,7 +382,7 @@ struct FloatDots {
     constexpr std::bool_constant<Stream::kNanCodes> may_hold_nan;
     int64_t i = 0;
     for (; i + kLine <= len; i += kLine) {
-      prefetch_next_tile<C>(stream.row, at(k0 + i), ahead);
+      prefetch_next_tile<R, C>(stream.row, at(k0 + i), prefetch);
       if (Stream::kNanCodes && nan_code_in_line<C>(stream.row, at(k0 + i))) {
         for (int64_t s = 0; s < kLine; s += 16) from_rows(i + s, may_hold_nan);
       } else {
@@ -419,7 +418,7 @@ struct IntDots {
   Int8AsFloatStream stream;  // only its row pointers
   const int16_t* a;
   int64_t lda;
-  int64_t ahead = 0;  // prefetch lead (set by walk)
+  WeightPrefetch prefetch = {};  // set by walk
 
   template <int R, int C>
   void run(int64_t r0, int64_t k0, int64_t len, float (&part)[R][C]) const {
@@ -446,7 +445,7 @@ struct IntDots {
     constexpr int64_t kLine = kLineElements<Int8AsFloatStream::kHalfBytes>;
     int64_t i = 0;
     for (; i + kLine <= len; i += kLine) {
-      prefetch_next_tile<C>(stream.row, k0 + i, ahead);
+      prefetch_next_tile<R, C>(stream.row, k0 + i, prefetch);
       for (int64_t s = 0; s < kLine; s += 16) from_rows(i + s);
     }
     for (; i + 16 <= len; i += 16) from_rows(i);
@@ -509,7 +508,7 @@ void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t 
 // tiles of kRows rows.
 template <int C, int kRows, class Dots>
 void walk(const Call& call, Dots& dots) {
-  dots.ahead = C * row_stride_bytes(call.w);
+  dots.prefetch = WeightPrefetch::ahead_by(C * row_stride_bytes(call.w));
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
     const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
     for (int c = 0; c < C; ++c) {

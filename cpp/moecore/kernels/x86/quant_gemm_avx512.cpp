@@ -42,7 +42,7 @@ template <class Stream>
 struct FloatDots {
   Stream stream;
   const ActivationCodes* a;
-  int64_t ahead = 0;  // prefetch lead (set by walk)
+  WeightPrefetch prefetch = {};  // set by walk
   static constexpr bool kLaneSums = false;  // canonical: each block's dot folded (tile)
 
   template <int R, int C>
@@ -64,7 +64,7 @@ struct FloatDots {
     // Whole vectors with a constant mask (plain loads), then the masked tail.
     int64_t i = 0;
     for (; i + 16 <= len; i += 16) {
-      prefetch_next_tile<C, Stream::kHalfBytes>(stream.row, k0 + i, ahead);
+      prefetch_next_tile<R, C, Stream::kHalfBytes>(stream.row, k0 + i, prefetch);
       step(i, static_cast<__mmask16>(0xffff));
     }
     if (i < len) step(i, avx512::tail_mask(len - i));
@@ -78,7 +78,7 @@ struct IntDots {
   Int8AsFloatStream stream;  // only its row pointers
   const int16_t* a;
   int64_t lda;
-  int64_t ahead = 0;  // prefetch lead (set by walk)
+  WeightPrefetch prefetch = {};  // set by walk
   static constexpr bool kLaneSums = false;  // canonical: each block's dot folded (tile)
 
   template <int R, int C>
@@ -88,7 +88,7 @@ struct IntDots {
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
     const int16_t* rows = a + r0 * lda + k0;
     for (int64_t i = 0; i < len; i += 32) {
-      prefetch_next_tile_step<C, Int8AsFloatStream::kHalfBytes>(stream.row, k0 + i, ahead);
+      prefetch_next_tile_step<R, C, Int8AsFloatStream::kHalfBytes>(stream.row, k0 + i, prefetch);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c)

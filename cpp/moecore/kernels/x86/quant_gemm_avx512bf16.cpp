@@ -45,12 +45,11 @@ inline __m512i load_bf16x32(const DecodedStream& stream, int c, int64_t k, __mma
   return _mm512_loadu_si512(stream.row[c] + 2 * k);
 }
 
-// The line holding element k of each of C channels, `ahead` bytes on (Stream::lead), every step.
-template <int C, class Stream>
-inline void prefetch_ahead(const Stream& stream, int64_t k, int64_t ahead) {
-  for (int c = 0; c < C; ++c)
-    _mm_prefetch(reinterpret_cast<const char*>(stream.at(c, k * Stream::kHalfBytes / 2)) + ahead,
-                 _MM_HINT_T0);
+// The line holding element k of each of C channels, `prefetch.lead` bytes on (Stream::lead),
+// every step, for tiles of R activation rows.
+template <int R, int C, class Stream>
+inline void prefetch_ahead(const Stream& stream, int64_t k, const WeightPrefetch& prefetch) {
+  for (int c = 0; c < C; ++c) prefetch.line<R>(stream.at(c, k * Stream::kHalfBytes / 2));
 }
 
 // VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows: the 16
@@ -61,7 +60,7 @@ struct Bf16Dots {
   const uint8_t* a;        // activation rows, pk.row_stride() apart
   const float* a_scales;  // their scales by K block: sa[r, b] at b · kRowChunk + r
   PaddedK pk;
-  int64_t ahead = 0;  // prefetch lead (set by walk)
+  WeightPrefetch prefetch = {};  // set by walk
   static constexpr bool kLaneSums = true;
 
   /// sa[r0 + r, b] in lane r < R (the other lanes +0).
@@ -82,8 +81,9 @@ struct Bf16Dots {
     const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
     // The stream in place, not a local copy: with a copy, bf16 decode from the weight tiles got
     // faster in single calls and 1.3x slower in layers (Zen 4; bench/RESULTS.md), not explained.
+    const WeightPrefetch pf = prefetch;  // a local copy: its hint's test leaves the loop
     for (int64_t i = 0; i < len; i += 32) {
-      prefetch_ahead<C>(stream, k0 + i, ahead);
+      prefetch_ahead<R, C>(stream, k0 + i, pf);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
@@ -140,7 +140,7 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
                   const StreamBuffers& buffers) {
   const WeightOperand& w = call.w;
   const int64_t row_bytes = decoded_row_bytes(w), block = decoded_columns(w);
-  const int64_t ahead = stream.lead(w, 1);
+  const WeightPrefetch prefetch = WeightPrefetch::ahead_by(stream.lead(w, 1));
   for (int64_t c0 = 0; c0 < call.n; c0 += block) {
     const int64_t cols = std::min(block, call.n - c0);
     for (int64_t j = 0; j < cols; ++j) {
@@ -149,7 +149,9 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
       for (int64_t b = 0; b < call.nb; ++b) {  // the dots' steps: k0 + i, masked at the block end
         const int64_t k0 = b * call.kb, len = std::min(call.kb, w.k - k0);
         for (int64_t i = 0; i < len; i += 32) {
-          prefetch_ahead<1>(stream, k0 + i, ahead);
+          // Into L1, as for one row: each line takes only its decode (into L2, Qwen3-30B-A3B
+          // fp8 and nvfp4 at M = 128 took 1.03-1.05x the time; Zen 4, 1 thread).
+          prefetch_ahead<1, 1>(stream, k0 + i, prefetch);
           const __mmask32 mask = avx512::tail_mask32(len - i);
           _mm512_store_si512(row + 2 * (k0 + i), load_bf16x32(stream, 0, k0 + i, mask));
         }
@@ -262,7 +264,7 @@ struct ByteDots {
   const uint8_t* a;          // activation rows, pk.row_stride() apart
   const int32_t* a_sums;     // Σ a of row r over block b at r · nb + b
   PaddedK pk;
-  int64_t ahead = 0;  // prefetch lead (set by walk)
+  WeightPrefetch prefetch = {};  // set by walk
   static constexpr bool kLaneSums = false;  // each block's dot is exact: the canonical tile
 
   template <int R, int C>
@@ -278,7 +280,7 @@ struct ByteDots {
     // Bf16Dots reads its stream in place: a copy made its layers 1.3x slower, not explained.
     const Int8AsFloatStream s = stream;
     for (int64_t i = 0; i < len; i += kStepBytes) {
-      prefetch_ahead<C>(s, k0 + i, ahead);
+      prefetch_ahead<R, C>(s, k0 + i, prefetch);
       // Past the block's end the activation bytes are the layout's zero padding, so whatever
       // the masked-off weight lanes hold adds nothing (the mask keeps the loads inside the rows).
       const __mmask64 mask = avx512::tail_mask64(len - i);

@@ -41,6 +41,33 @@ struct Call {
   }
 };
 
+/// Where a dot loop prefetches the weights of the next tile: `lead` bytes on along each
+/// channel's stream, into L1, or on AMD cores into L2 when the tile has more than one activation
+/// row. There, a line prefetched into L1 holds one of its few miss buffers until it comes from
+/// memory, and when each line takes more work than one row's dot, those buffers bound the loop:
+/// its compute adds to the memory time instead of overlapping it. Zen 4, one thread, weights from
+/// memory (`moecore_gemm_timing --tiles`, alternating builds, best of 3 × 11): bf16 2 / 4 / 8 ×
+/// 16384 × 2048 took 0.91 / 0.55 / 0.75 the time into L2, int8 4 / 8 rows 0.87 / 0.78; one row
+/// took 1.1-1.4× into L2. On the 16-core Xeon bf16 took the same time either way and int8 2 to 4
+/// rows 1.06-1.20× into L2, so Intel cores keep L1 (bench/RESULTS.md).
+struct WeightPrefetch {
+  int64_t lead = 0;
+  bool rows_into_l2 = false;
+  /// The prefetch of a walk whose next tile starts `lead` bytes on.
+  static WeightPrefetch ahead_by(int64_t lead) { return {lead, cpu_features().vendor_amd}; }
+  /// The line at p + lead, for a tile of R activation rows. (In asm: GCC 12 merged the two
+  /// intrinsics of the branch into one prefetch with a variable hint, then dropped it, from the
+  /// bf16 and fp4 loops.)
+  template <int R>
+  void line(const void* p) const {
+    const char* at = static_cast<const char*>(p) + lead;
+    if (R > 1 && rows_into_l2)
+      asm volatile("prefetcht1 %0" : : "m"(*at));
+    else
+      asm volatile("prefetcht0 %0" : : "m"(*at));
+  }
+};
+
 /// bind(c, w, e, r) points tile channel c at row r of expert e's weights (elements of type T):
 /// its contract row, or with `tiled` (set by a row that reads w.tiles when w has them) its row in
 /// the weight tiles, whose 64-byte pieces lie kWeightTileRows pieces apart.

@@ -91,20 +91,22 @@ inline int64_t stream_row_stride(const Stream&, const WeightOperand& w) {
 // each channel fetches the same place of the next tile's row, `ahead` bytes further on: a whole
 // tile of lead, whatever K. Element k of a row starts at byte k · kHalfBytes / 2.
 
-// Steps of 32 elements: the line holding element k, every step. (A prefetch on line starts only,
-// as prefetch_next_tile does, came out of GCC's loop versioning missing from the loop that runs.)
-template <int C, int kHalfBytes, class T>
+// Steps of 32 elements: the line holding element k, every step, for tiles of R activation rows.
+// (A prefetch on line starts only, as prefetch_next_tile does, came out of GCC's loop versioning
+// missing from the loop that runs.)
+template <int R, int C, int kHalfBytes, class T>
 inline void prefetch_next_tile_step(const T* const (&rows)[kMaxChannels], int64_t k,
-                                    int64_t ahead) {
+                                    const WeightPrefetch& prefetch) {
   for (int c = 0; c < C; ++c)
-    _mm_prefetch(reinterpret_cast<const char*>(rows[c]) + k * kHalfBytes / 2 + ahead, _MM_HINT_T0);
+    prefetch.line<R>(reinterpret_cast<const char*>(rows[c]) + k * kHalfBytes / 2);
 }
 
 // Steps of 16 elements (several per line for 8- and 4-bit codes): only when element k starts a
 // cache line.
-template <int C, int kHalfBytes, class T>
-inline void prefetch_next_tile(const T* const (&rows)[kMaxChannels], int64_t k, int64_t ahead) {
-  if ((k * kHalfBytes / 2 & 63) == 0) prefetch_next_tile_step<C, kHalfBytes>(rows, k, ahead);
+template <int R, int C, int kHalfBytes, class T>
+inline void prefetch_next_tile(const T* const (&rows)[kMaxChannels], int64_t k,
+                               const WeightPrefetch& prefetch) {
+  if ((k * kHalfBytes / 2 & 63) == 0) prefetch_next_tile_step<R, C, kHalfBytes>(rows, k, prefetch);
 }
 
 /// The dots of R × C accumulators of 16 fp32 lane sums, each folded in the canonical pairwise
@@ -217,7 +219,7 @@ template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
   constexpr int kRows = kWalkRows<C>;
   float* w_scales = call.w_scales;
-  dots.ahead = dots.stream.lead(call.w, C);
+  dots.prefetch = WeightPrefetch::ahead_by(dots.stream.lead(call.w, C));
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
     const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
     for (int c = 0; c < C; ++c) {
