@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
+#include <fstream>
 #include <random>
 
 #include "moecore/core/error.h"
@@ -53,6 +54,16 @@ TEST(IsaTest, ScalarAlwaysAvailableAndScopedLevelRestores) {
   for (IsaLevel l : {IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAvx512Bf16, IsaLevel::kAmx})
     if (std::find(levels.begin(), levels.end(), l) == levels.end())
       EXPECT_THROW(set_isa_level(l), Unsupported);
+}
+
+// The vendor bit tunes kernels (WeightPrefetch), so it must name the vendor Linux reports.
+TEST(IsaTest, VendorBitMatchesProcCpuinfo) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, vendor;
+  while (vendor.empty() && std::getline(cpuinfo, line))
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+  if (vendor.empty()) GTEST_SKIP() << "no vendor_id in /proc/cpuinfo";
+  EXPECT_EQ(cpu_features().vendor_amd, vendor == "AuthenticAMD") << vendor;
 }
 
 }  // namespace
