@@ -19,7 +19,7 @@ struct CpuFeatures {
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool os_saves_avx = false, os_saves_avx512 = false, os_saves_amx = false;
   bool amx_permission = false;  // arch_prctl(ARCH_REQ_XCOMP_PERM) succeeded
-  bool vendor_amd = false;      // "AuthenticAMD": kernel tuning only (WeightPrefetch), never a level
+  bool vendor_amd = false;      // "AuthenticAMD": tunes kernels (WeightPrefetch), never a level
 };
 
 /// What this CPU and OS provide (detected once; the AMX permission is requested then).

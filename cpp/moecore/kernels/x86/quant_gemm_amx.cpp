@@ -374,8 +374,9 @@ struct WeightPair {
     const int64_t b = s / pk.block_steps(0), i = s - b * pk.block_steps(0);
     const int64_t k = b * pk.block_k + 32 * i;
     if ((k * Stream::kHalfBytes / 2 & 63) == 0)
-      for (int q = 0; q < kTileRows / kMaxChannels; ++q)
-        prefetch_next_tile_step<1, kMaxChannels, Stream::kHalfBytes>(streams[h][q].row, k, prefetch);
+      for (int q = 0; q < kTileRows / kMaxChannels; ++q)  // into L1, as Intel cores keep it
+        prefetch_next_tile_step<1, kMaxChannels, Stream::kHalfBytes>(streams[h][q].row, k,
+                                                                      prefetch);
     if (direct) {
       const auto* row = static_cast<const uint8_t*>(static_cast<const void*>(streams[h][0].row[0]));
       return transpose_16x16(row + s * kStepBytes, stream_row_stride(streams[0][0], w), dst);

@@ -88,8 +88,8 @@ inline int64_t stream_row_stride(const Stream&, const WeightOperand& w) {
 
 // Prefetch. The C weight rows of a tile are C short streams that the hardware prefetcher picks
 // up too late (decode rows are a few KiB). Consecutive tiles read consecutive weight rows, so
-// each channel fetches the same place of the next tile's row, `ahead` bytes further on: a whole
-// tile of lead, whatever K. Element k of a row starts at byte k · kHalfBytes / 2.
+// each channel fetches the same place of the next tile's row, WeightPrefetch::lead bytes further
+// on: a whole tile of lead, whatever K. Element k of a row starts at byte k · kHalfBytes / 2.
 
 // Steps of 32 elements: the line holding element k, every step, for tiles of R activation rows.
 // (A prefetch on line starts only, as prefetch_next_tile does, came out of GCC's loop versioning
