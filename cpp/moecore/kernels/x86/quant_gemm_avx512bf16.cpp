@@ -46,10 +46,11 @@ inline __m512i load_bf16x32(const DecodedStream& stream, int c, int64_t k, __mma
 }
 
 // The line holding element k of each of C channels, `prefetch.lead` bytes on (Stream::lead),
-// every step, for tiles of R activation rows.
-template <int R, int C, class Stream>
+// every step, for tiles of R activation rows (kLight: WeightPrefetch).
+template <int R, int C, bool kLight, class Stream>
 inline void prefetch_ahead(const Stream& stream, int64_t k, const WeightPrefetch& prefetch) {
-  for (int c = 0; c < C; ++c) prefetch.line<R>(stream.at(c, k * Stream::kHalfBytes / 2));
+  for (int c = 0; c < C; ++c)
+    prefetch.line<R, kLight>(stream.at(c, k * Stream::kHalfBytes / 2));
 }
 
 // VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows: the 16
@@ -62,6 +63,9 @@ struct Bf16Dots {
   PaddedK pk;
   WeightPrefetch prefetch = {};  // set by walk
   static constexpr bool kLaneSums = true;
+  // Lines of bf16 codes read as they lie take one VDPBF16PS per row (WeightPrefetch).
+  static constexpr bool kLightLines =
+      std::is_same_v<Stream, DenseStream<DType::kBF16>> || std::is_same_v<Stream, DecodedStream>;
 
   /// sa[r0 + r, b] in lane r < R (the other lanes +0).
   template <int R>
@@ -83,7 +87,7 @@ struct Bf16Dots {
     // faster in single calls and 1.3x slower in layers (Zen 4; bench/RESULTS.md), not explained.
     const WeightPrefetch pf = prefetch;  // a local copy: its hint's test leaves the loop
     for (int64_t i = 0; i < len; i += 32) {
-      prefetch_ahead<R, C>(stream, k0 + i, pf);
+      prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
       for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
@@ -151,7 +155,7 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
         for (int64_t i = 0; i < len; i += 32) {
           // Into L1, as for one row: each line takes only its decode (into L2, Qwen3-30B-A3B
           // fp8 and nvfp4 at M = 128 took 1.03-1.05x the time; Zen 4, 1 thread).
-          prefetch_ahead<1, 1>(stream, k0 + i, prefetch);
+          prefetch_ahead<1, 1, false>(stream, k0 + i, prefetch);
           const __mmask32 mask = avx512::tail_mask32(len - i);
           _mm512_store_si512(row + 2 * (k0 + i), load_bf16x32(stream, 0, k0 + i, mask));
         }
@@ -280,7 +284,7 @@ struct ByteDots {
     // Bf16Dots reads its stream in place: a copy made its layers 1.3x slower, not explained.
     const Int8AsFloatStream s = stream;
     for (int64_t i = 0; i < len; i += kStepBytes) {
-      prefetch_ahead<R, C>(s, k0 + i, prefetch);
+      prefetch_ahead<R, C, true>(s, k0 + i, prefetch);  // light: one XOR and VPDPBUSD a line
       // Past the block's end the activation bytes are the layout's zero padding, so whatever
       // the masked-off weight lanes hold adds nothing (the mask keeps the loads inside the rows).
       const __mmask64 mask = avx512::tail_mask64(len - i);

@@ -42,28 +42,35 @@ struct Call {
 };
 
 /// Where a dot loop prefetches the weights of the next tile: `lead` bytes on along each
-/// channel's stream, into L1, or on AMD cores into L2 when the tile has more than one activation
-/// row. There, a line prefetched into L1 holds one of its few miss buffers until it comes from
-/// memory, and when each line takes more work than one row's dot, those buffers bound the loop:
-/// its compute adds to the memory time instead of overlapping it. Zen 4, one thread, weights from
-/// memory (`moecore_gemm_timing --tiles`, alternating builds, best of 3 × 11): bf16 2 / 4 / 8 ×
-/// 16384 × 2048 took 0.91 / 0.55 / 0.75 the time into L2, int8 4 / 8 rows 0.87 / 0.78; one row
-/// took 1.1-1.4× into L2. On the 16-core Xeon bf16 took the same time either way and int8 2 to 4
-/// rows 1.06-1.20× into L2, so Intel cores keep L1 (bench/RESULTS.md).
+/// channel's stream, into L1 on Intel cores. On AMD cores, into L2 when the tile has more than
+/// one activation row, and not at all for one row of light lines (kLight: one instruction per
+/// line and row, as bf16 codes as stored and int8 bytes take; decoded codes are not light). There
+/// a line prefetched into L1 holds one of its few miss buffers until it comes from memory: when
+/// each line takes more work than one row's dot, those buffers bound the loop and its compute adds
+/// to the memory time instead of overlapping it, and a light one-row loop runs faster on the
+/// hardware prefetcher alone. Zen 4, one thread, weights from memory (`moecore_gemm_timing
+/// --tiles`, alternating builds, best of 3 × 11): bf16 2 / 4 / 8 × 16384 × 2048 took 0.91 / 0.55
+/// / 0.75 the time into L2 than into L1, int8 4 / 8 rows 0.87 / 0.78; one row of bf16 / int8
+/// took 0.88-0.91 / 0.96 the time without a prefetch, one row of fp8 or fp4 took longer without
+/// (layers up to 1.5×). On the 16-core Xeon bf16 took the same time into L2 and int8 2 to 4 rows
+/// 1.06-1.20×, so Intel cores keep L1 (bench/RESULTS.md; bench/prefetch_timing.cpp measures a
+/// machine's cores).
 struct WeightPrefetch {
   int64_t lead = 0;
-  bool rows_into_l2 = false;
+  bool amd = false;  // cpu_features().vendor_amd
   /// The prefetch of a walk whose next tile starts `lead` bytes on.
   static WeightPrefetch ahead_by(int64_t lead) { return {lead, cpu_features().vendor_amd}; }
   /// The line at p + lead, for a tile of R activation rows. (In asm: GCC 12 merged the two
-  /// intrinsics of the branch into one prefetch with a variable hint, then dropped it, from the
+  /// intrinsics of a branch into one prefetch with a variable hint, then dropped it, from the
   /// bf16 and fp4 loops.)
-  template <int R>
+  template <int R, bool kLight = false>
   void line(const void* p) const {
     const char* at = static_cast<const char*>(p) + lead;
-    if (R > 1 && rows_into_l2)
+    if (!amd)
+      asm volatile("prefetcht0 %0" : : "m"(*at));
+    else if (R > 1)
       asm volatile("prefetcht1 %0" : : "m"(*at));
-    else
+    else if (!kLight)
       asm volatile("prefetcht0 %0" : : "m"(*at));
   }
 };
