@@ -283,8 +283,9 @@ struct ByteDots {
     // took 0.82-0.86x the time (Zen 4, 1 thread, alternating builds; Xeon single calls 0.94x).
     // Bf16Dots reads its stream in place: a copy made its layers 1.3x slower, not explained.
     const Int8AsFloatStream s = stream;
+    const WeightPrefetch pf = prefetch;
     for (int64_t i = 0; i < len; i += kStepBytes) {
-      prefetch_ahead<R, C, true>(s, k0 + i, prefetch);  // light: one XOR and VPDPBUSD a line
+      prefetch_ahead<R, C, true>(s, k0 + i, pf);  // light: one XOR and VPDPBUSD a line
       // Past the block's end the activation bytes are the layout's zero padding, so whatever
       // the masked-off weight lanes hold adds nothing (the mask keeps the loads inside the rows).
       const __mmask64 mask = avx512::tail_mask64(len - i);

@@ -49,10 +49,10 @@ struct Call {
 /// each line takes more work than one row's dot, those buffers bound the loop and its compute adds
 /// to the memory time instead of overlapping it, and a light one-row loop runs faster on the
 /// hardware prefetcher alone. Zen 4, one thread, weights from memory (`moecore_gemm_timing
-/// --tiles`, alternating builds, best of 3 × 11): bf16 2 / 4 / 8 × 16384 × 2048 took 0.91 / 0.55
-/// / 0.75 the time into L2 than into L1, int8 4 / 8 rows 0.87 / 0.78; one row of bf16 / int8
-/// took 0.88-0.91 / 0.96 the time without a prefetch, one row of fp8 or fp4 took longer without
-/// (layers up to 1.5×). On the 16-core Xeon bf16 took the same time into L2 and int8 2 to 4 rows
+/// --tiles`, alternating builds, best of 3 × 11): into L2, bf16 2 / 4 / 8 × 16384 × 2048 took
+/// 0.91 / 0.55 / 0.75 of their time into L1, int8 4 / 8 rows 0.87 / 0.78; without a prefetch, one
+/// row of bf16 / int8 took 0.88-0.91 / 0.96 of it, and one row of fp8 or fp4 took longer (layers
+/// up to 1.5×). On the 16-core Xeon bf16 took the same time into L2 and int8 2 to 4 rows
 /// 1.06-1.20×, so Intel cores keep L1 (bench/RESULTS.md; bench/prefetch_timing.cpp measures a
 /// machine's cores).
 struct WeightPrefetch {
