@@ -85,7 +85,7 @@ struct Bf16Dots {
     const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
     // The stream in place, not a local copy: with a copy, bf16 decode from the weight tiles got
     // faster in single calls and 1.3x slower in layers (Zen 4; bench/RESULTS.md), not explained.
-    const WeightPrefetch pf = prefetch;  // a local copy: its hint's test leaves the loop
+    const WeightPrefetch pf = prefetch;  // the prefetch, unlike the stream, copied: its test hoists
     for (int64_t i = 0; i < len; i += 32) {
       prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
       const __mmask32 mask = avx512::tail_mask32(len - i);
