@@ -66,5 +66,35 @@ TEST(IsaTest, VendorBitMatchesProcCpuinfo) {
   EXPECT_EQ(cpu_features().vendor_amd, vendor == "AuthenticAMD") << vendor;
 }
 
+// Levels are chosen by these bits (avx512_bf16 needs VBMI too), so each must say what Linux
+// reports; Linux clears a flag whose register state the OS does not save, as detection does.
+TEST(IsaTest, FeatureBitsMatchProcCpuinfo) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags;
+  while (flags.empty() && std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) flags = line.substr(line.find(':') + 1) + " ";
+  if (flags.empty()) GTEST_SKIP() << "no flags in /proc/cpuinfo";
+  const auto has = [&](const std::string& flag) {
+    return flags.find(" " + flag + " ") != std::string::npos;
+  };
+  const CpuFeatures& f = cpu_features();
+  const std::pair<const char*, bool> bits[] = {
+      {"avx2", f.avx2},         {"fma", f.fma},           {"f16c", f.f16c},
+      {"avx512f", f.avx512f},   {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl},
+      {"avx512dq", f.avx512dq}, {"avx512_bf16", f.avx512_bf16},
+      {"avx512_vnni", f.avx512_vnni}, {"avx512vbmi", f.avx512_vbmi},
+      {"amx_tile", f.amx_tile}, {"amx_bf16", f.amx_bf16}, {"amx_int8", f.amx_int8}};
+  for (const auto& [flag, bit] : bits) EXPECT_EQ(bit, has(flag)) << flag;
+}
+
+// The fp8 decode of the avx512_bf16 and amx rows permutes bytes (VPERMT2B), so neither level is
+// offered without VBMI.
+TEST(IsaTest, Bf16LevelsNeedVbmi) {
+  const CpuFeatures& f = cpu_features();
+  for (IsaLevel level : available_isa_levels())
+    if (level >= IsaLevel::kAvx512Bf16)
+      EXPECT_TRUE(f.avx512_bf16 && f.avx512_vnni && f.avx512_vbmi) << isa_level_name(level);
+}
+
 }  // namespace
 }  // namespace moecore

@@ -69,6 +69,7 @@ void bind_core(py::module_& m) {
                     "avx512f"_a = f.avx512f, "avx512bw"_a = f.avx512bw,
                     "avx512vl"_a = f.avx512vl, "avx512dq"_a = f.avx512dq,
                     "avx512_bf16"_a = f.avx512_bf16, "avx512_vnni"_a = f.avx512_vnni,
+                    "avx512_vbmi"_a = f.avx512_vbmi,
                     "amx_tile"_a = f.amx_tile, "amx_bf16"_a = f.amx_bf16,
                     "amx_int8"_a = f.amx_int8, "os_saves_avx512"_a = f.os_saves_avx512,
                     "os_saves_amx"_a = f.os_saves_amx, "amx_permission"_a = f.amx_permission,

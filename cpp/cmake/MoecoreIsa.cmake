@@ -4,7 +4,8 @@ include(CheckCXXCompilerFlag)
 
 set(MOECORE_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
 set(MOECORE_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c)
-set(MOECORE_ISA_FLAGS_avx512bf16 ${MOECORE_ISA_FLAGS_avx512} -mavx512bf16 -mavx512vnni)
+set(MOECORE_ISA_FLAGS_avx512bf16 ${MOECORE_ISA_FLAGS_avx512} -mavx512bf16 -mavx512vnni
+    -mavx512vbmi)
 set(MOECORE_ISA_FLAGS_amx ${MOECORE_ISA_FLAGS_avx512bf16} -mamx-tile -mamx-bf16 -mamx-int8)
 
 # moecore_add_isa_sources(<target> <level> <files...>): adds the files with that level's flags and

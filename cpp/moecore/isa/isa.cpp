@@ -63,6 +63,7 @@ CpuFeatures detect() {
   f.avx512dq = ((b >> 17) & 1) && f.os_saves_avx512;
   f.avx512bw = ((b >> 30) & 1) && f.os_saves_avx512;
   f.avx512vl = ((b >> 31) & 1) && f.os_saves_avx512;
+  f.avx512_vbmi = ((c >> 1) & 1) && f.os_saves_avx512;
   f.avx512_vnni = ((c >> 11) & 1) && f.os_saves_avx512;
   f.amx_bf16 = (d >> 22) & 1;
   f.amx_tile = (d >> 24) & 1;
@@ -118,9 +119,11 @@ bool cpu_supports(IsaLevel level) {
     case IsaLevel::kAvx512:
       return avx512;
     case IsaLevel::kAvx512Bf16:
-      return avx512 && f.avx512_bf16 && f.avx512_vnni;
+      // VBMI decodes fp8 through byte tables (bf16_streams.h); of the CPUs with AVX512-BF16 only
+      // Cooper Lake lacks it, and runs the avx512 row.
+      return avx512 && f.avx512_bf16 && f.avx512_vnni && f.avx512_vbmi;
     case IsaLevel::kAmx:
-      return avx512 && f.avx512_bf16 && f.amx_tile && f.amx_bf16 && f.amx_int8 &&
+      return cpu_supports(IsaLevel::kAvx512Bf16) && f.amx_tile && f.amx_bf16 && f.amx_int8 &&
              f.amx_permission;
   }
   return false;

@@ -15,7 +15,7 @@ enum class IsaLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512_bf16 = false, avx512_vnni = false;
+  bool avx512_bf16 = false, avx512_vnni = false, avx512_vbmi = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
   bool os_saves_avx = false, os_saves_avx512 = false, os_saves_amx = false;
   bool amx_permission = false;  // arch_prctl(ARCH_REQ_XCOMP_PERM) succeeded

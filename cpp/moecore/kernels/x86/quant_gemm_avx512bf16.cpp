@@ -75,14 +75,14 @@ struct Bf16Dots {
   }
 
   template <int R, int C>
-  void lanes(int64_t r0, int64_t k0, int64_t len, __m512 (&out)[R][C]) const {
+  void lanes(int64_t r0, int64_t b, int64_t k0, int64_t len, __m512 (&out)[R][C]) const {
     // Local sums, copied out at the end: summing into `out` made GCC store every accumulator on
     // every step (it may alias the byte loads), a store-bound loop.
     __m512 acc[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
     const int64_t row_stride = pk.row_stride();
-    const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(k0 / pk.block_k) * kStepBytes;
+    const uint8_t* rows = a + r0 * row_stride + pk.block_first_step(b) * kStepBytes;
     // The stream in place, not a local copy: with a copy, bf16 decode from the weight tiles got
     // faster in single calls and 1.3x slower in layers (Zen 4; bench/RESULTS.md), not explained.
     const WeightPrefetch pf = prefetch;  // the prefetch, unlike the stream, copied: its test hoists

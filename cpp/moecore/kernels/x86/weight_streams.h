@@ -149,7 +149,7 @@ template <int R, int C, class Dots>
   for (int64_t b = 0; b < call.nb; ++b) {
     const int64_t k0 = b * call.kb, len = std::min(call.kb, call.w.k - k0);
     __m512 acc[R][C];
-    dots.template lanes<R, C>(r0, k0, len, acc);
+    dots.template lanes<R, C>(r0, b, k0, len, acc);
     alignas(64) float scales[C][16];  // sa[r0 + r, b] · sw[c, b] at [c][r]
     const __m512 sa = dots.template row_scales<R>(r0, b);
     for (int c = 0; c < C; ++c)
