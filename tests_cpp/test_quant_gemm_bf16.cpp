@@ -362,36 +362,52 @@ WeightOperand one_expert(WeightCoding coding, const Tensor& data, const Tensor& 
   return w;
 }
 
-// Every e4m3 code through the bf16 rows' in-register decode: weight row c holds code c then zeros,
-// the activation row is (1, 0, …), so out[c] is code c's value, exactly as the scalar decoder
-// gives it (NaN codes NaN).
+// Every e4m3 code through the bf16 rows' decoders (word arithmetic and byte tables), in every
+// lane p of a 32-element step, streamed (1 row) and decoded once per column block (9 rows): weight
+// row c holds code c at element p and zeros elsewhere (a NaN elsewhere would make every dot NaN),
+// activation rows are the unit vector e_p, so out[r, c] is code c's value, exactly as the scalar
+// decoder gives it (NaN codes NaN).
 TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
-  constexpr int64_t kCodes = 256, kK = 32;
-  Tensor data = Tensor::zeros({1, kCodes, kK}, DType::kF8E4M3);
+  constexpr int64_t kCodes = 256, kK = 32, kRows = 9;  // 9 rows: more than a row tile
   Tensor scale = Tensor::empty({1}, DType::kF32);
-  for (int64_t c = 0; c < kCodes; ++c) static_cast<uint8_t*>(data.view().data)[c * kK] = uint8_t(c);
   scale.ptr<float>()[0] = 1.0f;
-  const WeightOperand w = one_expert(WeightCoding::kFp8, data, scale);
-  std::vector<float> unit_row(kK, 0.0f);
-  unit_row[0] = 1.0f;
-  ActivationCodes a;
-  a.codes = unit_row.data();
-  a.ld = kK;
-  a.bf16_exact = true;
-  std::vector<float> ref(kCodes);
-  scaled_gemm_ref(a, 1, w, 0, 0, kCodes, ref.data(), kCodes);
-  for (const Bf16Row& row : bf16_rows()) {
-    std::vector<float> out(kCodes);
-    row.kernel()(a, 1, w, 0, 0, kCodes, out.data(), kCodes);
-    for (int64_t code = 0; code < kCodes; ++code) {
-      SCOPED_TRACE(::testing::Message() << row.name() << " code " << code);
-      ASSERT_EQ(std::isnan(ref[code]), (code & 0x7f) == 0x7f);
-      if (std::isnan(ref[code]))
-        ASSERT_TRUE(std::isnan(out[code]));
-      else
-        ASSERT_EQ(out[code], ref[code]);
+  const bool default_tables = fp8_byte_tables();
+  for (const bool byte_tables : {false, true}) {
+    set_fp8_byte_tables(byte_tables);
+    for (int64_t p = 0; p < kK; ++p) {
+      Tensor data = Tensor::zeros({1, kCodes, kK}, DType::kF8E4M3);
+      for (int64_t c = 0; c < kCodes; ++c)
+        static_cast<uint8_t*>(data.view().data)[c * kK + p] = static_cast<uint8_t>(c);
+      const WeightOperand w = one_expert(WeightCoding::kFp8, data, scale);
+      std::vector<float> unit_rows(kRows * kK, 0.0f);
+      for (int64_t r = 0; r < kRows; ++r) unit_rows[r * kK + p] = 1.0f;
+      ActivationCodes a;
+      a.codes = unit_rows.data();
+      a.ld = kK;
+      a.bf16_exact = true;
+      std::vector<float> ref(kCodes);
+      scaled_gemm_ref(a, 1, w, 0, 0, kCodes, ref.data(), kCodes);
+      for (const Bf16Row& row : bf16_rows()) {
+        for (const int64_t m : {int64_t{1}, kRows}) {
+          std::vector<float> out(m * kCodes);
+          row.kernel()(a, m, w, 0, 0, kCodes, out.data(), kCodes);
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t code = 0; code < kCodes; ++code) {
+              SCOPED_TRACE(::testing::Message() << row.name() << " byte tables " << byte_tables
+                                                << " lane " << p << " rows " << m << " code "
+                                                << code);
+              ASSERT_EQ(std::isnan(ref[code]), (code & 0x7f) == 0x7f);
+              if (std::isnan(ref[code]))
+                ASSERT_TRUE(std::isnan(out[r * kCodes + code]));
+              else
+                ASSERT_EQ(out[r * kCodes + code], ref[code]);
+            }
+          }
+        }
+      }
     }
   }
+  set_fp8_byte_tables(default_tables);
 }
 
 // int8 × int8 codes at the longest rows of the biased byte sums: every level gives the scalar

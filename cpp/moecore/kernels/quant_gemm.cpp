@@ -62,6 +62,17 @@ float fp4_block_scale(WeightCoding coding, uint8_t code) {
   return coding == WeightCoding::kNvfp4 ? fp8_e4m3_to_f32(code) : e8m0_to_f32(code);
 }
 
+namespace {
+std::atomic<int> fp8_byte_tables_set{-1};  // -1: not set, the vendor's default
+}  // namespace
+
+bool fp8_byte_tables() {
+  const int set = fp8_byte_tables_set.load(std::memory_order_relaxed);
+  return set >= 0 ? set != 0 : cpu_features().vendor_amd;
+}
+
+void set_fp8_byte_tables(bool on) { fp8_byte_tables_set.store(on ? 1 : 0); }
+
 const Fp4Tables& fp4_tables(WeightCoding coding) {
   MOECORE_INTERNAL_CHECK(coding == WeightCoding::kNvfp4 || coding == WeightCoding::kMxfp4,
                          "fp4_tables: not an fp4 coding");

@@ -66,6 +66,12 @@ float fp4_block_scale(WeightCoding coding, uint8_t code);
 struct Fp4Tables {
   alignas(64) float values[256][16];
 };
+/// Whether the avx512_bf16 and amx rows decode fp8 weights to bf16 through byte tables (VPERMT2B)
+/// instead of word arithmetic: the same bits, a measured tuning (x86/bf16_streams.h). By default
+/// on AMD cores, where the tables are faster; set_fp8_byte_tables overrides it (tests run both).
+bool fp8_byte_tables();
+void set_fp8_byte_tables(bool on);
+
 /// The tables of kNvfp4 (kGroup 16) or kMxfp4 (kGroup 32), built once per process.
 const Fp4Tables& fp4_tables(WeightCoding coding);
 template <int kGroup>

@@ -563,6 +563,8 @@ void scaled_gemm_float_tiles(const ActivationCodes& a, int64_t m, const WeightOp
     case WeightCoding::kDense:  // bf16 (bf16_operands)
       return run_float_tiles<DenseStream<DType::kBF16>>(a, m, w, e, n0, n, out, ldo, pk, buffers);
     case WeightCoding::kFp8:
+      if (fp8_byte_tables())
+        return run_float_tiles<Fp8ByteTableStream>(a, m, w, e, n0, n, out, ldo, pk, buffers);
       return run_float_tiles<Fp8Stream>(a, m, w, e, n0, n, out, ldo, pk, buffers);
     case WeightCoding::kInt8:
       return run_float_tiles<Int8AsFloatStream>(a, m, w, e, n0, n, out, ldo, pk, buffers);

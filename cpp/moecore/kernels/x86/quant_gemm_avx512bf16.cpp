@@ -220,7 +220,7 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
     case WeightCoding::kDense:  // bf16 (bf16_operands)
       return run(DenseStream<DType::kBF16>{});
     case WeightCoding::kFp8:
-      return run(Fp8Stream{});
+      return fp8_byte_tables() ? run(Fp8ByteTableStream{}) : run(Fp8Stream{});
     case WeightCoding::kInt8:
       return run(Int8AsFloatStream{});
     case WeightCoding::kNvfp4:
