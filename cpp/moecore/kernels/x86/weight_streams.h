@@ -197,16 +197,19 @@ void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc,
     tile_block_dots<R, C>(call, dots, r0, c0, nc, w_scales);
 }
 
-// Rows per tile of C channels: R·C ≤ 16 accumulators, so they, C weight vectors and the
-// constants stay in registers.
-template <int C>
-constexpr int kWalkRows = C == 4 ? 4 : 8;
+// Rows per tile of C channels: the R·C accumulators, C weight vectors and the constants stay in
+// registers. Dots that fold each block (R·C ≤ 16: their fold needs registers too) walk 4 × 4 or
+// 2 × 8; lane-sum dots (Dots::kLaneSums) walk 4 channels × up to 6 rows, 24 accumulators and ten
+// loads per 24 VDPBF16PS where 2 × 8 took ten per 16 (Zen 4, one call from L2: 64 × 1536 × 2048
+// bf16 0.86×, mxfp4 0.81× the time; bench/RESULTS.md).
+template <int C, bool kLaneSums>
+constexpr int kWalkRows = C == 4 ? (kLaneSums ? 6 : 4) : 8;
 
-// The tile of `rows` rows (1 to kWalkRows<C>), picked at compile time.
+// The tile of `rows` rows (1 to kWalkRows), picked at compile time.
 template <int C, int R = 1, class Dots>
 void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t c0, int nc,
               const float* w_scales) {
-  if constexpr (R <= kWalkRows<C>) {
+  if constexpr (R <= kWalkRows<C, Dots::kLaneSums>) {
     if (rows == R) return tile<R, C>(call, dots, r0, c0, nc, w_scales);
     return row_tile<C, R + 1>(call, dots, r0, rows, c0, nc, w_scales);
   }
@@ -214,10 +217,13 @@ void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t 
 }
 
 // Tiles of C channels (the last one padded by repeating its final row, results dropped) × row
-// tiles of kWalkRows<C> rows.
+// tiles of at most kWalkRows rows, as even as they divide (7 rows: 4 + 3, not 6 + 1, which would
+// stream every weight again for one row).
 template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
-  constexpr int kRows = kWalkRows<C>;
+  constexpr int64_t kRows = kWalkRows<C, Dots::kLaneSums>;
+  const int64_t row_tiles = (call.m + kRows - 1) / kRows;
+  const int64_t tile_rows = (call.m + row_tiles - 1) / row_tiles;
   float* w_scales = call.w_scales;
   dots.prefetch = WeightPrefetch::ahead_by(dots.stream.lead(call.w, C));
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
@@ -227,8 +233,8 @@ void walk(const Call& call, Dots& dots) {
       dots.stream.bind(c, call.w, call.e, row);
       weight_row_scales(call.w, call.e, row, w_scales + c * call.nb);
     }
-    for (int64_t r0 = 0; r0 < call.m; r0 += kRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kRows, call.m - r0));
+    for (int64_t r0 = 0; r0 < call.m; r0 += tile_rows) {
+      const int rows = static_cast<int>(std::min(tile_rows, call.m - r0));
       row_tile<C>(call, dots, r0, rows, c0, nc, w_scales);
     }
   }
@@ -237,11 +243,14 @@ void walk(const Call& call, Dots& dots) {
 // Calls of at most this many rows (decode) walk tiles of 4 channels.
 constexpr int64_t kFourChannelMaxRows = 4;
 
-// Few rows (decode): 4 channels in flight, each weight vector used by ≤ 4 rows. More rows: 2
-// channels × 8 rows. Either way each output's arithmetic is the same, so results never depend on M.
+// Few rows (decode): 4 channels in flight, each weight vector used by ≤ 4 rows. Up to 8 rows:
+// 2 channels × all of them, so the weights stream once (as 4 + 4 rows of 4 channels, 8 × 1536 ×
+// 2048 fp8 took 1.12× the time, mxfp4 at 7 rows 1.40×). More rows: 4 × 6 for lane-sum dots, else
+// 2 × 8. Whatever the tiles, each output's arithmetic is the same, so results never depend on M.
 template <class Dots>
 void walk_tiles(const Call& call, Dots& dots) {
-  if (call.m <= kFourChannelMaxRows)
+  constexpr int64_t kTwoChannelRows = kWalkRows<2, Dots::kLaneSums>;
+  if (call.m <= kFourChannelMaxRows || (Dots::kLaneSums && call.m > kTwoChannelRows))
     walk<4>(call, dots);
   else
     walk<2>(call, dots);
