@@ -178,6 +178,15 @@ std::vector<double> term_magnitudes(const ActivationCodes& a, int64_t m, const W
   return out;
 }
 
+// Rows of bf16 values (k apart) as activation codes, which the bf16 rows multiply in bf16.
+ActivationCodes bf16_codes(const std::vector<float>& rows, int64_t k) {
+  ActivationCodes a;
+  a.codes = rows.data();
+  a.ld = k;
+  a.bf16_exact = true;
+  return a;
+}
+
 // Row r of a call as its own call of one row.
 ActivationCodes row_alone(const ActivationCodes& a, int64_t r) {
   ActivationCodes one = a;
@@ -381,10 +390,7 @@ TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
       const WeightOperand w = one_expert(WeightCoding::kFp8, data, scale);
       std::vector<float> unit_rows(kRows * kK, 0.0f);
       for (int64_t r = 0; r < kRows; ++r) unit_rows[r * kK + p] = 1.0f;
-      ActivationCodes a;
-      a.codes = unit_rows.data();
-      a.ld = kK;
-      a.bf16_exact = true;
+      const ActivationCodes a = bf16_codes(unit_rows, kK);
       std::vector<float> ref(kCodes);
       scaled_gemm_ref(a, 1, w, 0, 0, kCodes, ref.data(), kCodes);
       for (const Bf16Row& row : bf16_rows()) {
@@ -432,11 +438,8 @@ TEST(QuantGemmBf16DecodeTest, Int8CodesGiveTheReferenceBitsAtTheLongestRows) {
     for (int64_t m : {1, 3, 20}) {
       std::vector<float> codes(static_cast<size_t>(m * k));
       for (float& v : codes) v = extreme ? -128.0f : static_cast<float>(code(rng));
-      ActivationCodes a;
-      a.codes = codes.data();
-      a.ld = k;
+      ActivationCodes a = bf16_codes(codes, k);
       a.integer = true;
-      a.bf16_exact = true;
       std::vector<float> ref(m * n);
       scaled_gemm_ref(a, m, w, 0, 0, n, ref.data(), n);
       for (IsaLevel level : available_isa_levels()) {
@@ -477,10 +480,7 @@ TEST(QuantGemmBf16DecodeTest, EveryFp4CodeUnderEveryScaleDecodesExactly) {
     w.k = kK;
     std::vector<float> unit_rows(kK * kK, 0.0f);
     for (int64_t j = 0; j < kK; ++j) unit_rows[j * kK + j] = 1.0f;
-    ActivationCodes a;
-    a.codes = unit_rows.data();
-    a.ld = kK;
-    a.bf16_exact = true;
+    const ActivationCodes a = bf16_codes(unit_rows, kK);
     std::vector<float> ref(kK * kScales);
     scaled_gemm_ref(a, kK, w, 0, 0, kScales, ref.data(), kScales);
     std::vector<Bf16Row> rows;  // every level, and the amx row with float tiles
