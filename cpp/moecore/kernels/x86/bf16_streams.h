@@ -64,7 +64,12 @@ struct Fp8ByteTableStream : Fp8Stream {};
 
 struct E4m3Bf16Bytes {
   alignas(64) uint8_t high[128] = {}, low[128] = {};
+  alignas(64) uint8_t interleave[64] = {};  // word j: low byte j, then high byte j (64 + j)
   constexpr E4m3Bf16Bytes() {
+    for (int j = 0; j < 32; ++j) {
+      interleave[2 * j] = static_cast<uint8_t>(j);
+      interleave[2 * j + 1] = static_cast<uint8_t>(64 + j);
+    }
     for (int code = 0; code < 128; ++code) {
       const int exponent = code >> 3, mantissa = code & 7;
       int bits = 0;  // the magnitude's bf16 code
@@ -96,12 +101,8 @@ inline __m512i load_bf16x32(const Fp8ByteTableStream& stream, int c, int64_t k,
   // high | (codes & 0x80): the sign.
   const __m512i high_bytes = _mm512_ternarylogic_epi32(
       magnitude_high, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
-  // Word j: low byte j (index j), high byte j (index 64 + j).
-  const __m512i interleave = _mm512_set_epi8(
-      95, 31, 94, 30, 93, 29, 92, 28, 91, 27, 90, 26, 89, 25, 88, 24, 87, 23, 86, 22, 85, 21, 84, 20,
-      83, 19, 82, 18, 81, 17, 80, 16, 79, 15, 78, 14, 77, 13, 76, 12, 75, 11, 74, 10, 73, 9, 72, 8,
-      71, 7, 70, 6, 69, 5, 68, 4, 67, 3, 66, 2, 65, 1, 64, 0);
-  return _mm512_permutex2var_epi8(low_bytes, interleave, high_bytes);
+  return _mm512_permutex2var_epi8(low_bytes, _mm512_load_si512(kE4m3Bf16Bytes.interleave),
+                                  high_bytes);
 }
 
 // Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of a 32-entry bf16 table,

@@ -106,9 +106,9 @@ struct Bf16Dots {
 // ---- Decoding once per column block ------------------------------------------------------------
 // Chunks of more rows than one 2-channel tile of the walk (kWalkRows) decode fp8, fp4 and int8
 // weights once per block of columns into bf16 rows in scratch, instead of once per row tile, then
-// walk the block's decoded rows. The dots read the same bf16 vectors either way, so not a bit changes:
-// results still depend on neither M nor the chunking. Blocks are sized to stay in L2 beside the
-// chunk's activation rows.
+// walk the block's decoded rows. The dots read the same bf16 vectors either way, so not a bit
+// changes: results still depend on neither M nor the chunking. Blocks are sized to stay in L2
+// beside the chunk's activation rows.
 constexpr int64_t kDecodeOnceRows = kWalkRows<2, true> + 1, kDecodedBlockBytes = 256 << 10;
 
 // Weights that are decoded (not bf16 as stored) and whose K blocks start on whole 32-element

@@ -217,8 +217,8 @@ void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t 
 }
 
 // Tiles of C channels (the last one padded by repeating its final row, results dropped) × row
-// tiles of at most kWalkRows rows, as even as they divide (7 rows: 4 + 3, not 6 + 1, which would
-// stream every weight again for one row).
+// tiles of at most kWalkRows rows, as even as they divide (13 rows in 6-row tiles: 5 + 4 + 4, not
+// 6 + 6 + 1, which would stream every weight again for one row).
 template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
   constexpr int64_t kRows = kWalkRows<C, Dots::kLaneSums>;
@@ -244,9 +244,9 @@ void walk(const Call& call, Dots& dots) {
 constexpr int64_t kFourChannelMaxRows = 4;
 
 // Few rows (decode): 4 channels in flight, each weight vector used by ≤ 4 rows. Up to 8 rows:
-// 2 channels × all of them, so the weights stream once (as 4 + 4 rows of 4 channels, 8 × 1536 ×
-// 2048 fp8 took 1.12× the time, mxfp4 at 7 rows 1.40×). More rows: 4 × 6 for lane-sum dots, else
-// 2 × 8. Whatever the tiles, each output's arithmetic is the same, so results never depend on M.
+// 2 channels × all of them, so the weights stream once (8 × 1536 × 2048 fp8 as 4 + 4 rows of 4
+// channels took 1.12× the time). More rows: 4 × 6 for lane-sum dots, else 2 × 8. Whatever the
+// tiles, each output's arithmetic is the same, so results never depend on M.
 template <class Dots>
 void walk_tiles(const Call& call, Dots& dots) {
   constexpr int64_t kTwoChannelRows = kWalkRows<2, Dots::kLaneSums>;
