@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <fstream>
 #include <random>
+#include <string>
 
 #include "moecore/core/error.h"
 #include "moecore/isa/isa.h"
@@ -56,12 +58,21 @@ TEST(IsaTest, ScalarAlwaysAvailableAndScopedLevelRestores) {
       EXPECT_THROW(set_isa_level(l), Unsupported);
 }
 
-// The vendor bit tunes kernels (WeightPrefetch), so it must name the vendor Linux reports.
-TEST(IsaTest, VendorBitMatchesProcCpuinfo) {
+// The value of the first /proc/cpuinfo line named `field`, after ": " ("" when there is none).
+std::string cpuinfo_field(const std::string& field) {
   std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, vendor;
-  while (vendor.empty() && std::getline(cpuinfo, line))
-    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+  for (std::string line; std::getline(cpuinfo, line);) {
+    const size_t colon = line.find(':');
+    if (line.rfind(field, 0) == 0 && colon != std::string::npos)
+      return line.substr(std::min(line.size(), colon + 2));
+  }
+  return "";
+}
+
+// The vendor bit tunes kernels (WeightPrefetch, fp8_byte_tables), so it must name the vendor
+// Linux reports.
+TEST(IsaTest, VendorBitMatchesProcCpuinfo) {
+  const std::string vendor = cpuinfo_field("vendor_id");
   if (vendor.empty()) GTEST_SKIP() << "no vendor_id in /proc/cpuinfo";
   EXPECT_EQ(cpu_features().vendor_amd, vendor == "AuthenticAMD") << vendor;
 }
@@ -69,11 +80,8 @@ TEST(IsaTest, VendorBitMatchesProcCpuinfo) {
 // Levels are chosen by these bits (avx512_bf16 needs VBMI too), so each must say what Linux
 // reports; Linux clears a flag whose register state the OS does not save, as detection does.
 TEST(IsaTest, FeatureBitsMatchProcCpuinfo) {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, flags;
-  while (flags.empty() && std::getline(cpuinfo, line))
-    if (line.rfind("flags", 0) == 0) flags = line.substr(line.find(':') + 1) + " ";
-  if (flags.empty()) GTEST_SKIP() << "no flags in /proc/cpuinfo";
+  const std::string flags = " " + cpuinfo_field("flags") + " ";
+  if (flags.size() == 2) GTEST_SKIP() << "no flags in /proc/cpuinfo";
   const auto has = [&](const std::string& flag) {
     return flags.find(" " + flag + " ") != std::string::npos;
   };
