@@ -51,8 +51,10 @@ struct WeightOperand {
 /// Decodes row `row` of expert `e`: codes[0..K) exact in fp32, scales[0..num_k_blocks()).
 void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* codes,
                        float* scales);
-/// The scales[0..num_k_blocks()) of that row alone (1 where the coding folds them into codes).
-void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales);
+/// The scales of that row alone (1 where the coding folds them into codes): block b's at
+/// scales[b · stride], b < num_k_blocks().
+void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
+                       int64_t stride = 1);
 /// Elements per fp4 block scale: 16 (kNvfp4, e4m3 scales) or 32 (kMxfp4, e8m0 scales).
 inline int64_t fp4_group_size(WeightCoding coding) { return coding == WeightCoding::kNvfp4 ? 16 : 32; }
 /// The fp32 value of one fp4 block-scale code of `coding`.

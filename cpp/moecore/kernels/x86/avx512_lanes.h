@@ -61,21 +61,32 @@ inline float fold(__m512 v) {
   return _mm_cvtss_f32(s1);
 }
 
-/// fold() of four vectors at once (the same pairwise adds, lanes of several vectors side by side).
-inline void fold4(__m512 v0, __m512 v1, __m512 v2, __m512 v3, float* out) {
-  // j += j+8: 256-bit halves of two vectors per register.
-  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
-  // j += j+4: 128-bit chunk i now holds vector i's four sums.
-  const __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
-                                  _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
-  // j += j+2, then j += j+1, inside each chunk.
-  const __m512 s2 = _mm512_add_ps(s4, _mm512_shuffle_ps(s4, s4, _MM_SHUFFLE(1, 0, 3, 2)));
+/// The first level of fold() for two vectors at once (j += j+8): v0's 8 sums in the low 256 bits
+/// of the result, v1's in the high.
+inline __m512 fold2_to_octets(__m512 v0, __m512 v1) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/// The second level of fold() (j += j+4) for the octets of four vectors (fold2_to_octets: vectors
+/// 0 and 1 in s01, 2 and 3 in s23): 128-bit chunk i of the result holds vector i's four sums.
+inline __m512 quads_of_octets(__m512 s01, __m512 s23) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/// The last two levels of fold() inside each 128-bit chunk (j += j+2, then j += j+1): chunk i's
+/// sum at out[i].
+inline void fold_quads(__m512 quads, float* out) {
+  const __m512 s2 = _mm512_add_ps(quads, _mm512_shuffle_ps(quads, quads, _MM_SHUFFLE(1, 0, 3, 2)));
   const __m512 s1 = _mm512_add_ps(s2, _mm512_shuffle_ps(s2, s2, _MM_SHUFFLE(2, 3, 0, 1)));
   const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
   _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, s1)));
+}
+
+/// fold() of four vectors at once (the same pairwise adds, lanes of several vectors side by side).
+inline void fold4(__m512 v0, __m512 v1, __m512 v2, __m512 v3, float* out) {
+  fold_quads(quads_of_octets(fold2_to_octets(v0, v1), fold2_to_octets(v2, v3)), out);
 }
 
 }  // namespace avx512

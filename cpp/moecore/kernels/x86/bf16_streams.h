@@ -138,7 +138,7 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
 // always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
 template <int kGroup>
 inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
-  const uint8_t* bytes = stream.at(c, k / 2);
+  const uint8_t* bytes = stream.at(c, k >> 1);  // k ≥ 0: a shift, not a signed division
   const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
   const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
                                : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));

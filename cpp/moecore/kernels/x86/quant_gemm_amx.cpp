@@ -307,15 +307,13 @@ struct FloatBuffers {
   float* carried;     // [kFloatRowChunk, kSuperColumns]: C tiles of scale blocks not finished
   float* sums;        // [4][16 × 16]: C tiles of a finished block, as stored
   float* w_scales;    // [nb, kSuperColumns]
-  float* row_scales;  // [nb]
   FloatBuffers(ScratchCarver& s, const PaddedK& pk)
       : act(s.take<uint8_t>(kFloatRowChunk * kSliceBytes)),
         b_tiles(s.take<uint8_t>(2 * kSliceSteps * kTileBytes)),
         stage(s.take<uint8_t>(kTileBytes)),
         carried(s.take<float>(kFloatRowChunk * kSuperColumns)),
         sums(s.take<float>(4 * kTileRows * kTileRows)),
-        w_scales(s.take<float>(pk.num_blocks * kSuperColumns)),
-        row_scales(s.take<float>(pk.num_blocks)) {}
+        w_scales(s.take<float>(pk.num_blocks * kSuperColumns)) {}
 };
 
 size_t float_scratch_bytes(const PaddedK& pk) {
@@ -502,16 +500,13 @@ template <class Stream>
 void float_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                       int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
                       const FloatBuffers& buffers, LoadedConfig& loaded) {
-  const int64_t steps = pk.steps(), nb = pk.num_blocks;
+  const int64_t steps = pk.steps();
   const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
   const float alpha = expert_alpha(w, e);
   for (int64_t c0 = 0; c0 < n; c0 += kSuperColumns) {
     const int64_t super_cols = std::min(kSuperColumns, n - c0);
-    for (int64_t j = 0; j < super_cols; ++j) {
-      weight_row_scales(w, e, n0 + c0 + j, buffers.row_scales);
-      for (int64_t b = 0; b < nb; ++b)
-        buffers.w_scales[b * kSuperColumns + j] = buffers.row_scales[b];
-    }
+    for (int64_t j = 0; j < super_cols; ++j)
+      weight_row_scales(w, e, n0 + c0 + j, buffers.w_scales + j, kSuperColumns);
     for (int64_t s0 = 0; s0 < steps; s0 += kSliceSteps) {
       const int64_t s1 = std::min(steps, s0 + kSliceSteps);
       pack_activation_slice(a, m, pk, s0, s1, buffers.act);

@@ -49,7 +49,7 @@ int64_t float_row_bytes(int64_t k) { return k * 4; }
 
 // The row's working memory, the same layout for every call on the weight operand.
 struct Buffers {
-  float* w_scales;  // [kMaxChannels, nb]: K-block scales of the channel tile
+  float* w_scales;  // [nb, kMaxChannels]: K-block scales of the channel tile
   int16_t* a16;     // a chunk of int16_row_length(K) rows: widened int8 codes (kInt8)
   float* permuted;  // a chunk of K-float rows: activations in an fp4 stream's lane order
   Buffers(ScratchCarver& s, const WeightOperand& w)
@@ -481,7 +481,7 @@ void tile(const Call& call, const Dots& dots, int64_t r0, int64_t c0, int nc) {
     dots.template run<R, C>(r0, k0, len, part);
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
-        const float p = part[r][c] * a.scale(r0 + r, b) * call.w_scales[c * call.nb + b];
+        const float p = part[r][c] * a.scale(r0 + r, b) * call.w_scales[b * kMaxChannels + c];
         total[r][c] = b == 0 ? p : total[r][c] + p;
       }
     }
@@ -514,7 +514,7 @@ void walk(const Call& call, Dots& dots) {
     for (int c = 0; c < C; ++c) {
       const int64_t row = call.n0 + c0 + std::min(c, nc - 1);
       dots.stream.bind(c, call.w, call.e, row);
-      weight_row_scales(call.w, call.e, row, call.w_scales + c * call.nb);
+      weight_row_scales(call.w, call.e, row, call.w_scales + c, kMaxChannels);
     }
     for (int64_t r0 = 0; r0 < call.m; r0 += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, call.m - r0));

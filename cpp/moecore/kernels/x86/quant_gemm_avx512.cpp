@@ -28,7 +28,7 @@ int64_t int16_row_length(int64_t k) { return (k + 31) / 32 * 32; }
 
 // The row's working memory, the same layout for every call on the weight operand.
 struct Buffers {
-  float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
+  float* w_scales;    // [nb, kMaxChannels]: K-block scales of the channel tile
   int16_t* a16;       // [kIntRowChunk, int16_row_length(K)] + 32: widened int8 codes (kInt8)
   Buffers(ScratchCarver& s, const WeightOperand& w)
       : w_scales(s.take<float>(kMaxChannels * w.num_k_blocks())),

@@ -46,11 +46,11 @@ inline __m512i load_bf16x32(const DecodedStream& stream, int c, int64_t k, __mma
 }
 
 // The line holding element k of each of C channels, `prefetch.lead` bytes on (Stream::lead),
-// every step, for tiles of R activation rows (kLight: WeightPrefetch).
+// every step, for tiles of R activation rows (kLight: WeightPrefetch). k ≥ 0, so its byte is a
+// shift (a signed division by 2 took three instructions in fp4 steps).
 template <int R, int C, bool kLight, class Stream>
 inline void prefetch_ahead(const Stream& stream, int64_t k, const WeightPrefetch& prefetch) {
-  for (int c = 0; c < C; ++c)
-    prefetch.line<R, kLight>(stream.at(c, k * Stream::kHalfBytes / 2));
+  for (int c = 0; c < C; ++c) prefetch.line<R, kLight>(stream.at(c, k * Stream::kHalfBytes >> 1));
 }
 
 // VDPBF16PS dots of R activation rows (bf16, padded K layout) × C streamed weight rows: the 16
@@ -67,12 +67,8 @@ struct Bf16Dots {
   static constexpr bool kLightLines =
       std::is_same_v<Stream, DenseStream<DType::kBF16>> || std::is_same_v<Stream, DecodedStream>;
 
-  /// sa[r0 + r, b] in lane r < R (the other lanes +0).
-  template <int R>
-  __m512 row_scales(int64_t r0, int64_t b) const {
-    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << R) - 1),
-                                 a_scales + b * kRowChunk + r0);
-  }
+  /// sa[r, b].
+  float row_scale(int64_t r, int64_t b) const { return a_scales[b * kRowChunk + r]; }
 
   template <int R, int C>
   void lanes(int64_t r0, int64_t b, int64_t k0, int64_t len, __m512 (&out)[R][C]) const {
@@ -127,7 +123,7 @@ int64_t decoded_columns(const WeightOperand& w) {
 struct StreamBuffers {
   uint8_t* a_codes;   // [kRowChunk, row_stride]: activation rows as bf16
   float* a_scales;    // [nb, kRowChunk]: their scales by K block
-  float* w_scales;    // [kMaxChannels, nb]: K-block scales of the channel tile
+  float* w_scales;    // [nb, kMaxChannels]: K-block scales of the channel tile
   uint8_t* w_decoded;  // [decoded_columns, decoded_row_bytes] when decodes_once(w)
   StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
@@ -249,7 +245,7 @@ constexpr int64_t kByteMaxK = ((int64_t{1} << 31) - 1) / (128 * 255);  // 65793
 struct ByteBuffers {
   uint8_t* a_codes;  // [kRowChunk, row_stride]: activation codes as bytes, padded K layout
   int32_t* a_sums;   // [kRowChunk, nb]: their sums over each K block
-  float* w_scales;   // [kMaxChannels, nb]: K-block scales of the channel tile
+  float* w_scales;   // [nb, kMaxChannels]: K-block scales of the channel tile
   ByteBuffers(ScratchCarver& s, const PaddedK& pk)
       : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
         a_sums(s.take<int32_t>(kRowChunk * pk.num_blocks)),

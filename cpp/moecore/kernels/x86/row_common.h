@@ -29,7 +29,7 @@ struct Call {
   float* out;
   int64_t ldo;
   int64_t nb, kb;
-  float* w_scales;  // [kMaxChannels, nb]: the K-block scales of a tile's channels
+  float* w_scales;  // [nb, kMaxChannels]: the K-block scales of a tile's channels
 
   /// Activation rows [r0, r0 + rows) as a call of their own.
   Call rows_from(int64_t r0, int64_t rows) const {

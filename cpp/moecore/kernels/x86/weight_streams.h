@@ -132,37 +132,63 @@ void store_tile(const Call& call, const float (&total)[R][C], int64_t r0, int64_
       call.out[(r0 + r) * call.ldo + c0 + c] = has_alpha ? total[r][c] * alpha : total[r][c];
 }
 
-// Dots that sum in their own instruction order (Dots::kLaneSums; the avx512_bf16 row) keep each
-// output's 16 lane sums across the K blocks, each block's scaled by sa[r, b] · sw[c, b] and added
-// lane by lane (one FMA), and fold them once at the end: a fold per block would cost more than
-// the block's dots when blocks are short (fp8's 128) and tiles have 8 rows. Such dots also give
-// the tile's activation scales of a block as one vector (Dots::row_scales), so that a block's R·C
-// scale products take C vector multiplies: computed one by one through ActivationCodes::scale,
-// 16 × 512 × 4096 in 128 × 128 blocks took 1.6× the time of per-channel scales. Never inlined:
-// inlined into the walk of a whole call, its loop's registers depended on the code around it (a
-// change to the activation packing there made nvfp4 decode 1.2× slower through spills in this
-// loop).
+// The 128-bit chunk of a row's totals that holds channel c's 4 lane sums (tile_lane_sums): chunk c
+// in 4-channel tiles, chunks 2c and 2c + 1 (the same sums twice) in 2-channel tiles.
+template <int C>
+constexpr int quad_chunk(int c) {
+  return C == kMaxChannels ? c : 2 * c;
+}
+
+// A row's C vectors of 16 lane sums folded to 4 lanes each (j += j+8, j += j+4), in one vector
+// (quad_chunk): for each channel the adds of fold(), whatever C.
+template <int C>
+inline __m512 row_quads(const __m512 (&acc)[C]) {
+  static_assert(C == 2 || C == kMaxChannels, "a row's quads fill one vector");
+  if constexpr (C == kMaxChannels) {
+    return avx512::quads_of_octets(avx512::fold2_to_octets(acc[0], acc[1]),
+                                   avx512::fold2_to_octets(acc[2], acc[3]));
+  } else {
+    // j += j+4 on [0: j, 1: j+4 | 2: j, 3: j+4] of channel 0 | 1 adds each chunk pair in both
+    // orders (a + b = b + a): half the shuffles of quads_of_octets.
+    const __m512 octets = avx512::fold2_to_octets(acc[0], acc[1]);
+    return _mm512_add_ps(octets, _mm512_shuffle_f32x4(octets, octets, _MM_SHUFFLE(2, 3, 0, 1)));
+  }
+}
+
+// Dots that sum in their own instruction order (Dots::kLaneSums; the avx512_bf16 row) give each
+// output's 16 lane sums of a K block. Each block's are folded to 4 (row_quads), scaled by
+// sa[r, b] · sw[c, b] and added lane by lane (one FMA); the 4 fold once at the end (j += j+2,
+// j += j+1). A row's channels then share one vector of totals, so a 6 × 4 tile keeps 6 totals
+// beside its 24 accumulators: with 24 totals of 16 lanes, spilled and reloaded every block, the
+// per-block scaling took half of a blocked fp8 tile's time (128 × 128 blocks; Zen 4). Never
+// inlined: inlined into the walk of a whole call, its loop's registers depended on the code around
+// it (a change to the activation packing there made nvfp4 decode 1.2× slower through spills in
+// this loop).
 template <int R, int C, class Dots>
 [[gnu::noinline]] void tile_lane_sums(const Call& call, const Dots& dots, int64_t r0,
                                       int64_t c0, int nc, const float* w_scales) {
-  __m512 total[R][C];
+  __m512 total[R];  // channel c's 4 lane sums of row r in chunk quad_chunk<C>(c) of total[r]
+  // Each lane's channel, whose sw[c, b] it takes from a block's kMaxChannels scales.
+  const __m512i lane_channels =
+      C == kMaxChannels ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                        : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   for (int64_t b = 0; b < call.nb; ++b) {
     const int64_t k0 = b * call.kb, len = std::min(call.kb, call.w.k - k0);
     __m512 acc[R][C];
     dots.template lanes<R, C>(r0, b, k0, len, acc);
-    alignas(64) float scales[C][16];  // sa[r0 + r, b] · sw[c, b] at [c][r]
-    const __m512 sa = dots.template row_scales<R>(r0, b);
-    for (int c = 0; c < C; ++c)
-      _mm512_store_ps(scales[c], _mm512_mul_ps(sa, _mm512_set1_ps(w_scales[c * call.nb + b])));
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) {
-        const __m512 scale = _mm512_set1_ps(scales[c][r]);
-        total[r][c] = b == 0 ? _mm512_mul_ps(acc[r][c], scale)
-                             : _mm512_fmadd_ps(acc[r][c], scale, total[r][c]);
-      }
+    const __m512 sw = _mm512_permutexvar_ps(
+        lane_channels, _mm512_castps128_ps512(_mm_loadu_ps(w_scales + b * kMaxChannels)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_mul_ps(sw, _mm512_set1_ps(dots.row_scale(r0 + r, b)));
+      const __m512 sums = row_quads<C>(acc[r]);
+      total[r] = b == 0 ? _mm512_mul_ps(sums, scale) : _mm512_fmadd_ps(sums, scale, total[r]);
+    }
   }
-  float folded[R][C];
-  fold_dots(total, folded);
+  float chunks[kMaxChannels], folded[R][C];
+  for (int r = 0; r < R; ++r) {
+    avx512::fold_quads(total[r], chunks);
+    for (int c = 0; c < C; ++c) folded[r][c] = chunks[quad_chunk<C>(c)];
+  }
   store_tile(call, folded, r0, c0, nc);
 }
 
@@ -179,7 +205,7 @@ void tile_block_dots(const Call& call, const Dots& dots, int64_t r0, int64_t c0,
     dots.template run<R, C>(r0, k0, len, part);
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) {
-        const float p = part[r][c] * a.scale(r0 + r, b) * w_scales[c * call.nb + b];
+        const float p = part[r][c] * a.scale(r0 + r, b) * w_scales[b * kMaxChannels + c];
         total[r][c] = b == 0 ? p : total[r][c] + p;
       }
     }
@@ -217,13 +243,14 @@ void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t 
 }
 
 // Tiles of C channels (the last one padded by repeating its final row, results dropped) × row
-// tiles of at most kWalkRows rows, as even as they divide (13 rows in 6-row tiles: 5 + 4 + 4, not
-// 6 + 6 + 1, which would stream every weight again for one row).
+// tiles of at most kWalkRows rows, as even as they divide: their sizes differ by one at most (13
+// rows in 6-row tiles: 5 + 4 + 4, not 6 + 6 + 1, which would stream every weight again for one
+// row; 32 rows: 6 + 6 + 5 + 5 + 5 + 5).
 template <int C, class Dots>
 void walk(const Call& call, Dots& dots) {
   constexpr int64_t kRows = kWalkRows<C, Dots::kLaneSums>;
   const int64_t row_tiles = (call.m + kRows - 1) / kRows;
-  const int64_t tile_rows = (call.m + row_tiles - 1) / row_tiles;
+  const int64_t short_rows = call.m / row_tiles, long_tiles = call.m % row_tiles;
   float* w_scales = call.w_scales;
   dots.prefetch = WeightPrefetch::ahead_by(dots.stream.lead(call.w, C));
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
@@ -231,11 +258,12 @@ void walk(const Call& call, Dots& dots) {
     for (int c = 0; c < C; ++c) {
       const int64_t row = call.n0 + c0 + std::min(c, nc - 1);
       dots.stream.bind(c, call.w, call.e, row);
-      weight_row_scales(call.w, call.e, row, w_scales + c * call.nb);
+      weight_row_scales(call.w, call.e, row, w_scales + c, kMaxChannels);
     }
-    for (int64_t r0 = 0; r0 < call.m; r0 += tile_rows) {
-      const int rows = static_cast<int>(std::min(tile_rows, call.m - r0));
+    for (int64_t t = 0, r0 = 0; t < row_tiles; ++t) {
+      const int rows = static_cast<int>(short_rows + (t < long_tiles ? 1 : 0));
       row_tile<C>(call, dots, r0, rows, c0, nc, w_scales);
+      r0 += rows;
     }
   }
 }
