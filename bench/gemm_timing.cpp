@@ -7,10 +7,12 @@
 // peak (the machine's strongest probe kind). A tool for tuning a kernel row in isolation, beside
 // `python -m moecore bench`, which times whole layers. Built with the tests:
 //   ninja -C build moecore_gemm_timing
-//   build/moecore_gemm_timing [--rows=avx2,scalar] [--tiles] [repeats] [m n k coding]...
+//   build/moecore_gemm_timing [--rows=avx2,scalar] [--tiles] [--fp8-byte-tables=0|1] [repeats]
+//       [m n k coding]...
 // --rows names kernel rows (isa levels, or amx_float_tiles); default: every row the machine
 // runs from avx2 up (the scalar reference only when named). --tiles packs the weight tiles, as a
-// processed layer has them, for the rows that read them.
+// processed layer has them, for the rows that read them. --fp8-byte-tables=0|1 picks the bf16
+// rows' e4m3 decoder (the vendor's default otherwise; kernels/quant_gemm.h, fp8_byte_tables).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -147,14 +149,20 @@ int main(int argc, char** argv) try {
       rows = parse_rows(argv[arg] + 7);
     } else if (std::strcmp(argv[arg], "--tiles") == 0) {
       tiles = true;
+    } else if (std::strcmp(argv[arg], "--fp8-byte-tables=0") == 0 ||
+               std::strcmp(argv[arg], "--fp8-byte-tables=1") == 0) {
+      set_fp8_byte_tables(argv[arg][std::strlen(argv[arg]) - 1] == '1');
     } else {
-      std::fprintf(stderr, "unknown option %s (known: --rows=…, --tiles)\n", argv[arg]);
+      std::fprintf(stderr, "unknown option %s (known: --rows=…, --tiles, --fp8-byte-tables=0|1)\n",
+                   argv[arg]);
       return 2;
     }
   }
   const int repeats = argc > arg ? std::atoi(argv[arg++]) : 9;
   if (repeats < 1 || (argc - arg) % 4 != 0) {
-    std::fprintf(stderr, "usage: %s [--rows=avx2,…] [--tiles] [repeats ≥ 1] [m n k coding]...\n",
+    std::fprintf(stderr,
+                 "usage: %s [--rows=avx2,…] [--tiles] [--fp8-byte-tables=0|1] [repeats ≥ 1] "
+                 "[m n k coding]...\n",
                  argv[0]);
     return 2;
   }

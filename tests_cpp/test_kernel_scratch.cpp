@@ -311,6 +311,44 @@ std::vector<std::tuple<IsaLevel, Coding>> kernel_params() {
   return out;
 }
 
+// Rows a call kept in one decoder's order never serve the other: the bf16 rows' fp8 byte tables
+// take the activation rows in paired order, the word arithmetic in element order, and
+// set_fp8_byte_tables may switch between two column blocks of one tag. Each call gives the bits of
+// an untagged call under the same decoder.
+TEST(KernelScratchDecoderTest, KeptFp8RowsFollowTheDecoderSwitch) {
+  const bool default_tables = fp8_byte_tables();
+  std::mt19937 rng(6);
+  const int64_t n = 70, k = 200, m = 20, half = n / 2;
+  const Operand op = make_operand(rng, Coding::kFp8Channel, n, k);
+  const Activations a = make_activations(rng, Coding::kFp8Channel, m, op.w);
+  for (IsaLevel level : available_isa_levels()) {
+    if (level < IsaLevel::kAvx512Bf16) continue;
+    SCOPED_TRACE(isa_level_name(level));
+    const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
+    GemmScratch scratch;
+    scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
+    const auto run = [&](bool byte_tables, uint64_t tag, int64_t n0) {
+      set_fp8_byte_tables(byte_tables);
+      ActivationCodes call = a.view;
+      call.tag = tag;
+      call.scratch = tag != 0 ? &scratch : nullptr;
+      std::vector<float> out(m * half);
+      kernel(call, m, op.w, kExpert, n0, half, out.data(), half);
+      return out;
+    };
+    const uint64_t tag = new_activation_tag();
+    for (const bool byte_tables : {true, false, true}) {
+      for (const int64_t n0 : {int64_t{0}, half}) {
+        SCOPED_TRACE(::testing::Message() << "byte tables " << byte_tables << " n0 " << n0);
+        const std::vector<float> tagged = run(byte_tables, tag, n0);
+        const std::vector<float> untagged = run(byte_tables, 0, n0);
+        EXPECT_TRUE(same_bits(tagged.data(), untagged.data(), m * half));
+      }
+    }
+  }
+  set_fp8_byte_tables(default_tables);
+}
+
 INSTANTIATE_TEST_SUITE_P(Levels, KernelScratchTest, ::testing::ValuesIn(kernel_params()),
                          [](const auto& info) {
                            return std::string(isa_level_name(std::get<0>(info.param))) + "_" +

@@ -208,13 +208,14 @@ uint64_t new_activation_tag() {
 }
 
 KeptRows::KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w,
-                   int64_t chunk_rows)
+                   int64_t chunk_rows, int layout)
     : scratch_(a.scratch),
       rows_{a.tag,
             a.row_index != nullptr ? static_cast<const void*>(a.row_index) : a.codes,
             m,
             w.k,
             w.num_k_blocks(),
+            layout,
             scratch_ != nullptr ? scratch_->bytes.data() : nullptr},
       one_chunk_(m <= chunk_rows),
       reusable_(scratch_ != nullptr && a.tag != 0 && scratch_->kept == rows_) {

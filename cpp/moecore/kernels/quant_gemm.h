@@ -150,10 +150,11 @@ struct alignas(64) GemmScratch {
     uint64_t tag = 0;
     const void* rows = nullptr;
     int64_t m = 0, k = 0, k_blocks = 0;
+    int layout = 0;  // the row's own name for how it laid the codes out
     const uint8_t* memory = nullptr;
     bool operator==(const Rows& o) const {
       return tag == o.tag && rows == o.rows && m == o.m && k == o.k && k_blocks == o.k_blocks &&
-             memory == o.memory;
+             layout == o.layout && memory == o.memory;
     }
   } kept;
 };
@@ -163,13 +164,15 @@ uint64_t new_activation_tag();
 
 /// For a row that converts a call's activation rows into the start of its scratch (after
 /// gemm_scratch_memory), `chunk_rows` at a time: whether the last call on the same scratch left
-/// these very rows there (same nonzero tag, rows, m and weight K layout; the same memory), and,
+/// these very rows there (same nonzero tag, rows, m, weight K layout and `layout`, a row's name for
+/// the order it writes codes in; the same memory), and,
 /// with keep() once the call is done, that it leaves them for the next one when they were one
 /// chunk (more were overwritten chunk by chunk). A row that writes the scratch otherwise does not
 /// keep, so nothing stale is ever reused.
 class KeptRows {
  public:
-  KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t chunk_rows);
+  KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t chunk_rows,
+           int layout = 0);
   bool reusable() const { return reusable_; }
   /// This call converted (or reused) its rows; they stay in place if they were one chunk.
   void keep() const;

@@ -92,12 +92,37 @@ inline void store_codes(const float* src, int64_t n, CodeType type, uint8_t* dst
   }
 }
 
-/// One row of K fp32 codes into the padded layout (row_bytes() bytes at dst).
-inline void pack_codes_row(const float* src, const PaddedK& pk, CodeType type, uint8_t* dst) {
+/// Paired order, for weight streams that decode two steps at a time (bf16_streams.h,
+/// kPairedSteps): each group of 64 bf16 codes of a K block, but a block's last group when it holds
+/// 32 codes or fewer (one step), is stored as two steps whose word 8i + j holds element
+/// 16i + 8v + j of the group (v the step, i < 4, j < 8).
+inline bool paired_group(int64_t block_len, int64_t group) { return block_len - 64 * group > 32; }
+
+/// The group of 64 bf16 codes at `codes`, from element order into paired order.
+inline void pair_codes(uint8_t* codes) {
+  // Words of the group: elements 0-7, 16-23, 32-39, 48-55 (first), each + 8 (second).
+  const __m512i first = _mm512_setr_epi32(0x10000, 0x30002, 0x50004, 0x70006,
+                                          0x110010, 0x130012, 0x150014, 0x170016,
+                                          0x210020, 0x230022, 0x250024, 0x270026,
+                                          0x310030, 0x330032, 0x350034, 0x370036);
+  const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(8));
+  const __m512i lo = _mm512_loadu_si512(codes), hi = _mm512_loadu_si512(codes + kStepBytes);
+  _mm512_storeu_si512(codes, _mm512_permutex2var_epi16(lo, first, hi));
+  _mm512_storeu_si512(codes + kStepBytes, _mm512_permutex2var_epi16(lo, second, hi));
+}
+
+/// One row of K fp32 codes into the padded layout (row_bytes() bytes at dst); bf16 codes in
+/// paired order when `paired`.
+inline void pack_codes_row(const float* src, const PaddedK& pk, CodeType type, uint8_t* dst,
+                           bool paired = false) {
+  MOECORE_INTERNAL_CHECK(!paired || type == CodeType::kBf16, "paired order is for bf16 codes");
   std::memset(dst, 0, static_cast<size_t>(pk.row_bytes()));
-  for (int64_t b = 0; b < pk.num_blocks; ++b)
-    store_codes(src + b * pk.block_k, pk.block_len(b), type,
-                dst + pk.block_first_step(b) * kStepBytes);
+  for (int64_t b = 0; b < pk.num_blocks; ++b) {
+    uint8_t* block = dst + pk.block_first_step(b) * kStepBytes;
+    store_codes(src + b * pk.block_k, pk.block_len(b), type, block);
+    for (int64_t g = 0; paired && paired_group(pk.block_len(b), g); ++g)
+      pair_codes(block + 2 * kStepBytes * g);
+  }
 }
 
 /// Row `row` of expert e's int8 weights (kInt8 coding) into the padded int8 layout, straight from

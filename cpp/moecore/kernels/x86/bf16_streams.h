@@ -105,6 +105,37 @@ inline __m512i load_bf16x32(const Fp8ByteTableStream& stream, int c, int64_t k,
                                   high_bytes);
 }
 
+// Streams that decode a pair of steps (64 elements) at a time into two vectors whose elements are
+// in paired order (paired_element): the activation rows are laid out the same way
+// (pack_codes_row), so each product meets its own weight. Every other stream takes one step at a
+// time in element order.
+template <class Stream>
+constexpr bool kPairedSteps = false;
+
+// The byte tables, a pair of steps at a time: both permutes and the sign take all 64 codes at once,
+// and two in-lane unpacks (VPUNPCKLBW/HBW) interleave the bytes into words, instead of a third
+// cross-lane permute per step: 4 shuffles per 64 weights, not 6. Unpacking works within 128-bit
+// lanes, hence the paired order.
+template <>
+constexpr bool kPairedSteps<Fp8ByteTableStream> = true;
+
+/// Elements [k, k + 64) of channel c's row (lanes outside `mask` +0) as two vectors of 32 bf16
+/// codes in paired order: vector v's word 8i + j is element k + 16i + 8v + j (i < 4, j < 8).
+inline void load_bf16x64(const Fp8ByteTableStream& stream, int c, int64_t k, __mmask64 mask,
+                         __m512i& first, __m512i& second) {
+  const __m512i codes = _mm512_maskz_loadu_epi8(mask, stream.at(c, k));
+  const uint8_t* high = kE4m3Bf16Bytes.high;
+  const uint8_t* low = kE4m3Bf16Bytes.low;
+  const __m512i magnitude_high =
+      _mm512_permutex2var_epi8(_mm512_load_si512(high), codes, _mm512_load_si512(high + 64));
+  const __m512i low_bytes =
+      _mm512_permutex2var_epi8(_mm512_load_si512(low), codes, _mm512_load_si512(low + 64));
+  const __m512i high_bytes = _mm512_ternarylogic_epi32(
+      magnitude_high, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
+  first = _mm512_unpacklo_epi8(low_bytes, high_bytes);
+  second = _mm512_unpackhi_epi8(low_bytes, high_bytes);
+}
+
 // Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of a 32-entry bf16 table,
 // the 16 weights of the block scale of elements [k, k + 16), then of [k + 16, k + 32): the fp32
 // tables of weight_streams.h rounded to bf16, exactly (≤ 6 significant bits; subnormals, which

@@ -82,7 +82,26 @@ struct Bf16Dots {
     // The stream in place, not a local copy: with a copy, bf16 decode from the weight tiles got
     // faster in single calls and 1.3x slower in layers (Zen 4; bench/RESULTS.md), not explained.
     const WeightPrefetch pf = prefetch;  // the prefetch, unlike the stream, copied: its test hoists
-    for (int64_t i = 0; i < len; i += 32) {
+    int64_t i = 0;
+    if constexpr (kPairedSteps<Stream>) {
+      for (; paired_group(len, i / 64); i += 64) {  // one line of codes: one prefetch
+        prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
+        const __mmask64 mask = avx512::tail_mask64(len - i);
+        __m512i w0[C], w1[C];
+        for (int c = 0; c < C; ++c) load_bf16x64(stream, c, k0 + i, mask, w0[c], w1[c]);
+        for (int r = 0; r < R; ++r) {
+          const uint8_t* row = rows + r * row_stride + 2 * i;
+          const __m512i a0 = _mm512_loadu_si512(row), a1 = _mm512_loadu_si512(row + kStepBytes);
+          for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(a0),
+                                         reinterpret_cast<__m512bh>(w0[c]));
+            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(a1),
+                                         reinterpret_cast<__m512bh>(w1[c]));
+          }
+        }
+      }
+    }
+    for (; i < len; i += 32) {  // steps in element order (the last one of a paired block)
       prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
       const __mmask32 mask = avx512::tail_mask32(len - i);
       __m512i wv[C];
@@ -148,7 +167,17 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
       uint8_t* row = buffers.w_decoded + j * row_bytes;
       for (int64_t b = 0; b < call.nb; ++b) {  // the dots' steps: k0 + i, masked at the block end
         const int64_t k0 = b * call.kb, len = std::min(call.kb, w.k - k0);
-        for (int64_t i = 0; i < len; i += 32) {
+        int64_t i = 0;
+        if constexpr (kPairedSteps<Stream>) {
+          for (; paired_group(len, i / 64); i += 64) {
+            prefetch_ahead<1, 1, false>(stream, k0 + i, prefetch);
+            __m512i first, second;
+            load_bf16x64(stream, 0, k0 + i, avx512::tail_mask64(len - i), first, second);
+            _mm512_store_si512(row + 2 * (k0 + i), first);
+            _mm512_store_si512(row + 2 * (k0 + i) + kStepBytes, second);
+          }
+        }
+        for (; i < len; i += 32) {
           // Into L1, as for one row: each line takes only its decode (into L2, Qwen3-30B-A3B
           // fp8 and nvfp4 at M = 128 took 1.03-1.05x the time; Zen 4, 1 thread).
           prefetch_ahead<1, 1, false>(stream, k0 + i, prefetch);
@@ -176,7 +205,8 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
     const Call part = call.rows_from(r0, rows);
     if (!kept.reusable())
       for (int64_t r = 0; r < rows; ++r) {
-        pack_codes_row(part.a.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_stride());
+        pack_codes_row(part.a.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_stride(),
+                       kPairedSteps<Stream>);
         for (int64_t b = 0; b < pk.num_blocks; ++b)
           buffers.a_scales[b * kRowChunk + r] = part.a.scale(r, b);
       }
@@ -201,7 +231,6 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   const PaddedK pk(w, CodeType::kBf16);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
   const StreamBuffers buffers(carver, w, pk);
-  const KeptRows kept(a, m, w, kRowChunk);
   const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
   // The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one
   // stream per tile), else the contract rows. Walks of 2 channels, and the decode-once pass (a row
@@ -210,6 +239,8 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   // rows (Zen 4, 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds).
   const auto run = [&](auto stream) {
     stream.tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
+    // Rows kept in paired order serve only a paired stream (fp8_byte_tables may change between).
+    const KeptRows kept(a, m, w, kRowChunk, kPairedSteps<decltype(stream)> ? 1 : 0);
     run_streamed(call, stream, pk, buffers, kept);
   };
   switch (w.coding) {
