@@ -69,8 +69,7 @@ std::string cpuinfo_field(const std::string& field) {
   return "";
 }
 
-// The vendor bit tunes kernels (WeightPrefetch, fp8_byte_tables), so it must name the vendor
-// Linux reports.
+// The vendor bit tunes kernels (WeightPrefetch), so it must name the vendor Linux reports.
 TEST(IsaTest, VendorBitMatchesProcCpuinfo) {
   const std::string vendor = cpuinfo_field("vendor_id");
   if (vendor.empty()) GTEST_SKIP() << "no vendor_id in /proc/cpuinfo";

@@ -65,15 +65,12 @@ float fp4_block_scale(WeightCoding coding, uint8_t code) {
 }
 
 namespace {
-std::atomic<int> fp8_byte_tables_set{-1};  // -1: not set, the vendor's default
+std::atomic<bool> fp8_byte_tables_on{true};
 }  // namespace
 
-bool fp8_byte_tables() {
-  const int set = fp8_byte_tables_set.load(std::memory_order_relaxed);
-  return set >= 0 ? set != 0 : cpu_features().vendor_amd;
-}
+bool fp8_byte_tables() { return fp8_byte_tables_on.load(std::memory_order_relaxed); }
 
-void set_fp8_byte_tables(bool on) { fp8_byte_tables_set.store(on ? 1 : 0); }
+void set_fp8_byte_tables(bool on) { fp8_byte_tables_on.store(on); }
 
 const Fp4Tables& fp4_tables(WeightCoding coding) {
   MOECORE_INTERNAL_CHECK(coding == WeightCoding::kNvfp4 || coding == WeightCoding::kMxfp4,

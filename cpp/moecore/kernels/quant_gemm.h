@@ -69,8 +69,10 @@ struct Fp4Tables {
   alignas(64) float values[256][16];
 };
 /// Whether the avx512_bf16 and amx rows decode fp8 weights to bf16 through byte tables (VPERMT2B)
-/// instead of word arithmetic: the same bits, a measured tuning (x86/bf16_streams.h). By default
-/// on AMD cores, where the tables are faster; set_fp8_byte_tables overrides it (tests run both).
+/// instead of word arithmetic (x86/bf16_streams.h): the same weights, but the streamed row takes
+/// the tables' weights in pairs of steps and the activation rows in the matching order, so the two
+/// may differ in the last bits (each deterministic and batch invariant). On by default: faster on
+/// the Zen 4 and the Xeon alike; set_fp8_byte_tables overrides it (tests and timings run both).
 bool fp8_byte_tables();
 void set_fp8_byte_tables(bool on);
 

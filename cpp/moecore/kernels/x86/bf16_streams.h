@@ -58,8 +58,9 @@ inline __m512i load_bf16x32(const Fp8Stream& stream, int c, int64_t k, __mmask32
 // bf16 code (zero, the subnormals and NaN are entries like the others). VPERMT2B indexes 128 bytes
 // by a code's low 7 bits, so two permutes give both bytes of 32 codes, one bit operation the sign,
 // and a third permute interleaves the bytes into words: 5 operations per 32 weights, but 3 of them
-// 512-bit shuffles. Zen 4 decoded an fp8 row from memory in 0.84x the time of the arithmetic
-// above, the Xeon in 1.04-1.12x (one 512-bit shuffle port), so fp8_byte_tables() picks by vendor.
+// 512-bit shuffles (Zen 4 decoded an fp8 row from memory in 0.84x the time of the arithmetic
+// above, the Xeon in 1.04-1.12x: one 512-bit shuffle port). The streamed row takes them a pair of
+// steps at a time (load_bf16x64 below), which is faster on both; fp8_byte_tables() chooses.
 struct Fp8ByteTableStream : Fp8Stream {};
 
 struct E4m3Bf16Bytes {
