@@ -89,25 +89,32 @@ struct E4m3Bf16Bytes {
 };
 constexpr E4m3Bf16Bytes kE4m3Bf16Bytes;
 
-template <>
-inline __m512i load_bf16x32(const Fp8ByteTableStream& stream, int c, int64_t k,
-                            __mmask32 mask) {
-  const __m512i codes = _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(mask, stream.at(c, k)));
+// Byte j of `low` and `high`: the low and the high byte of code j's bf16 code, for up to 64 codes.
+struct Bf16Bytes {
+  __m512i low, high;
+};
+inline Bf16Bytes e4m3_bf16_bytes(__m512i codes) {
   const uint8_t* high = kE4m3Bf16Bytes.high;
   const uint8_t* low = kE4m3Bf16Bytes.low;
   const __m512i magnitude_high =
       _mm512_permutex2var_epi8(_mm512_load_si512(high), codes, _mm512_load_si512(high + 64));
-  const __m512i low_bytes =
-      _mm512_permutex2var_epi8(_mm512_load_si512(low), codes, _mm512_load_si512(low + 64));
   // high | (codes & 0x80): the sign.
-  const __m512i high_bytes = _mm512_ternarylogic_epi32(
-      magnitude_high, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
-  return _mm512_permutex2var_epi8(low_bytes, _mm512_load_si512(kE4m3Bf16Bytes.interleave),
-                                  high_bytes);
+  return {_mm512_permutex2var_epi8(_mm512_load_si512(low), codes, _mm512_load_si512(low + 64)),
+          _mm512_ternarylogic_epi32(magnitude_high, codes,
+                                    _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8)};
+}
+
+template <>
+inline __m512i load_bf16x32(const Fp8ByteTableStream& stream, int c, int64_t k,
+                            __mmask32 mask) {
+  const Bf16Bytes bytes =
+      e4m3_bf16_bytes(_mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(mask, stream.at(c, k))));
+  return _mm512_permutex2var_epi8(bytes.low, _mm512_load_si512(kE4m3Bf16Bytes.interleave),
+                                  bytes.high);
 }
 
 // Streams that decode a pair of steps (64 elements) at a time into two vectors whose elements are
-// in paired order (paired_element): the activation rows are laid out the same way
+// in paired order (bf16_operands.h, pair_codes): the activation rows are laid out the same way
 // (pack_codes_row), so each product meets its own weight. Every other stream takes one step at a
 // time in element order.
 template <class Stream>
@@ -124,17 +131,9 @@ constexpr bool kPairedSteps<Fp8ByteTableStream> = true;
 /// codes in paired order: vector v's word 8i + j is element k + 16i + 8v + j (i < 4, j < 8).
 inline void load_bf16x64(const Fp8ByteTableStream& stream, int c, int64_t k, __mmask64 mask,
                          __m512i& first, __m512i& second) {
-  const __m512i codes = _mm512_maskz_loadu_epi8(mask, stream.at(c, k));
-  const uint8_t* high = kE4m3Bf16Bytes.high;
-  const uint8_t* low = kE4m3Bf16Bytes.low;
-  const __m512i magnitude_high =
-      _mm512_permutex2var_epi8(_mm512_load_si512(high), codes, _mm512_load_si512(high + 64));
-  const __m512i low_bytes =
-      _mm512_permutex2var_epi8(_mm512_load_si512(low), codes, _mm512_load_si512(low + 64));
-  const __m512i high_bytes = _mm512_ternarylogic_epi32(
-      magnitude_high, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
-  first = _mm512_unpacklo_epi8(low_bytes, high_bytes);
-  second = _mm512_unpackhi_epi8(low_bytes, high_bytes);
+  const Bf16Bytes bytes = e4m3_bf16_bytes(_mm512_maskz_loadu_epi8(mask, stream.at(c, k)));
+  first = _mm512_unpacklo_epi8(bytes.low, bytes.high);
+  second = _mm512_unpackhi_epi8(bytes.low, bytes.high);
 }
 
 // Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of a 32-entry bf16 table,
