@@ -3,14 +3,14 @@
 //
 // Bf16-exact operands: the weights stream from their contract layout as in the avx512 row
 // (weight_streams.h: no copy, no per-call repacking, so decode stays on the memory bound), each
-// 32 elements decoded exactly and converted to bf16 in registers, and VDPBF16PS multiplies them
-// with the activation rows, converted to bf16 once per chunk of kRowChunk rows. Chunks of more
-// rows than a row tile decode each block of columns once into working memory instead
-// (walk_decoded), which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32
-// lane sums over 32-element steps in increasing order, scaled by sa[r, b] · sw[c, b] and added
-// lane by lane in block order; then one canonical pairwise fold, · alpha (tile_lane_sums). So a
-// row's result depends on its own activation and weight rows only, never on the other rows of
-// the call, nor on threads.
+// 32 elements (64 for fp8's byte tables, in paired order: bf16_streams.h) decoded exactly and
+// converted to bf16 in registers, and VDPBF16PS multiplies them with the activation rows,
+// converted to bf16 (in the same order) once per chunk of kRowChunk rows. Chunks of more rows
+// than a row tile decode each block of columns once into working memory instead (walk_decoded),
+// which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane sums over
+// 32-element steps in increasing order, folded to 4, scaled by sa[r, b] · sw[c, b] and added lane
+// by lane in block order; then the 4 folded, · alpha (tile_lane_sums). So a row's result depends
+// on its own activation and weight rows only, never on the other rows of the call, nor on threads.
 //
 // int8 × int8 codes: VPDPBUSD on the int8 weights as streamed, against activation bytes in the
 // padded layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other
