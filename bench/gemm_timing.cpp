@@ -12,7 +12,7 @@
 // --rows names kernel rows (isa levels, or amx_float_tiles); default: every row the machine
 // runs from avx2 up (the scalar reference only when named). --tiles packs the weight tiles, as a
 // processed layer has them, for the rows that read them. --fp8-byte-tables=0|1 picks the bf16
-// rows' e4m3 decoder (the vendor's default otherwise; kernels/quant_gemm.h, fp8_byte_tables).
+// rows' e4m3 decoder (byte tables by default; kernels/quant_gemm.h, fp8_byte_tables).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
