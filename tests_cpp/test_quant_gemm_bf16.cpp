@@ -371,13 +371,14 @@ WeightOperand one_expert(WeightCoding coding, const Tensor& data, const Tensor& 
   return w;
 }
 
-// Every e4m3 code through the bf16 rows' decoders (word arithmetic and byte tables), in every
-// lane p of a 32-element step, streamed (1 row) and decoded once per column block (9 rows): weight
-// row c holds code c at element p and zeros elsewhere (a NaN elsewhere would make every dot NaN),
-// activation rows are the unit vector e_p, so out[r, c] is code c's value, exactly as the scalar
-// decoder gives it (NaN codes NaN).
+// Every e4m3 code through the bf16 rows' decoders (word arithmetic, 32 elements a step, and byte
+// tables, 64 a pair of steps in paired order), at every element p of K = 64, streamed (1 row) and
+// decoded once per column block (9 rows): weight row c holds code c at element p and zeros
+// elsewhere (a NaN elsewhere would make every dot NaN), activation rows are the unit vector e_p, so
+// out[r, c] is code c's value, exactly as the scalar decoder gives it (NaN codes NaN), wherever
+// the pairing puts element p.
 TEST(QuantGemmBf16DecodeTest, EveryFp8CodeDecodesExactly) {
-  constexpr int64_t kCodes = 256, kK = 32, kRows = 9;  // 9 rows: more than a row tile
+  constexpr int64_t kCodes = 256, kK = 64, kRows = 9;  // 9 rows: more than a row tile
   Tensor scale = Tensor::empty({1}, DType::kF32);
   scale.ptr<float>()[0] = 1.0f;
   const bool default_tables = fp8_byte_tables();

@@ -119,7 +119,7 @@ bool cpu_supports(IsaLevel level) {
     case IsaLevel::kAvx512:
       return avx512;
     case IsaLevel::kAvx512Bf16:
-      // These rows are compiled with VBMI (the byte-table fp8 decode of AMD cores, bf16_streams.h);
+      // These rows are compiled with VBMI (the byte-table fp8 decode, bf16_streams.h);
       // of the CPUs with AVX512-BF16 only Cooper Lake lacks it, and runs the avx512 row.
       return avx512 && f.avx512_bf16 && f.avx512_vnni && f.avx512_vbmi;
     case IsaLevel::kAmx:
