@@ -201,7 +201,7 @@ int main(int argc, char** argv) try {
     Weights weights = make_weights(s, rng);
     Tensor weight_tiles;  // as a processed layer has them (rows that do not read tiles ignore them)
     if (tiles) {
-      weight_tiles = pack_weight_tiles(weights.data.view());
+      weight_tiles = pack_weight_tiles(weights.data.view(), tile_layout(weights.w.coding));
       weights.w.tiles = weight_tiles.view();
     }
     const bool integer = s.coding == "int8";

@@ -233,7 +233,7 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
                                              : 100},
                       {19, fp4 ? 160 : 161}}) {
     const Operand op = make_operand(rng, c, n, k);
-    const Tensor tiles = pack_weight_tiles(op.data.view());
+    const Tensor tiles = pack_weight_tiles(op.data.view(), tile_layout(op.w.coding));
     WeightOperand tiled_w = op.w;
     tiled_w.tiles = tiles.view();
     for (int64_t m : {1, 2, 3, 7, 16, 17, 64, 130}) {
@@ -287,7 +287,7 @@ TEST_P(QuantGemmBf16Test, ColumnBlocksDecodedOnceGiveTheStreamedBits) {
   kernel(a.view, m, op.w, e, 0, n, out.data(), n);
   scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
   const std::vector<double> magnitude = term_magnitudes(a.view, m, op.w, e);
-  const Tensor tiles = pack_weight_tiles(op.data.view());
+  const Tensor tiles = pack_weight_tiles(op.data.view(), tile_layout(op.w.coding));
   WeightOperand tiled = op.w;
   tiled.tiles = tiles.view();
   std::vector<float> out_tiled(m * n);
@@ -433,7 +433,7 @@ TEST(QuantGemmBf16DecodeTest, Int8CodesGiveTheReferenceBitsAtTheLongestRows) {
       data.ptr<int8_t>()[i] = static_cast<int8_t>(extreme ? 127 : code(rng));
     for (int64_t i = 0; i < n; ++i) scale.ptr<float>()[i] = 0.5f + 0.25f * float(i);
     WeightOperand w = one_expert(WeightCoding::kInt8, data, scale);
-    const Tensor tiles = pack_weight_tiles(data.view());
+    const Tensor tiles = pack_weight_tiles(data.view(), TileLayout::kBytes);
     WeightOperand tiled = w;
     tiled.tiles = tiles.view();
     for (int64_t m : {1, 3, 20}) {

@@ -18,7 +18,7 @@ TEST(WeightTilesTest, EveryByteGoesToItsPieceAndTheRestIsZero) {
   std::mt19937 rng(3);
   auto* bytes = static_cast<uint8_t*>(data.view().data);
   for (int64_t i = 0; i < data.numel() * 2; ++i) bytes[i] = static_cast<uint8_t>(1 + rng() % 255);
-  const Tensor tiles = pack_weight_tiles(data.view());
+  const Tensor tiles = pack_weight_tiles(data.view(), TileLayout::kBytes);
   ASSERT_EQ(tiles.view().shape_vector(), (std::vector<int64_t>{3, 2, 4, 4, 64}));
   const auto* packed = tiles.ptr<uint8_t>();
   int64_t nonzero = 0;
@@ -33,33 +33,81 @@ TEST(WeightTilesTest, EveryByteGoesToItsPieceAndTheRestIsZero) {
       }
 }
 
-// A set finds the tiles of the very tensor they were packed from, nothing else.
+// Packed fp4 pieces hold their 128 codes transposed: word j of a piece holds elements j, 32 + j,
+// 64 + j, 96 + j from its low nibble up. Rows of 100 bytes (200 codes: a whole piece, then one of
+// 72 codes, whose words take elements j < 32, 32 + j < 64 and 64 + j < 72 only), 5 rows, 2 experts.
+TEST(WeightTilesTest, Fp4PiecesHoldTheirCodesTransposed) {
+  Tensor data = Tensor::empty({2, 5, 100}, DType::kU8);
+  std::mt19937 rng(5);
+  auto* bytes = static_cast<uint8_t*>(data.view().data);
+  for (int64_t i = 0; i < data.numel(); ++i) bytes[i] = static_cast<uint8_t>(rng());
+  const Tensor tiles = pack_weight_tiles(data.view(), TileLayout::kFp4Nibbles);
+  ASSERT_EQ(tiles.view().shape_vector(), pack_weight_tiles(data.view(), TileLayout::kBytes)
+                                             .view()
+                                             .shape_vector());
+  const auto code = [&](int64_t e, int64_t r, int64_t i) {  // element i of the stored row
+    return bytes[(e * 5 + r) * 100 + i / 2] >> (4 * (i % 2)) & 0xf;
+  };
+  for (int64_t e = 0; e < 2; ++e)
+    for (int64_t r = 0; r < 5; ++r)
+      for (int64_t p = 0; p < 2; ++p) {
+        const uint8_t* piece = weight_tile_row(tiles.view(), e, r) + p * 256;
+        for (int64_t j = 0; j < 32; ++j) {
+          const int word = piece[2 * j] | piece[2 * j + 1] << 8;
+          for (int64_t s = 0; s < 4; ++s) {
+            const int64_t i = 128 * p + 32 * s + j;  // the element nibble s of word j holds
+            ASSERT_EQ(word >> (4 * s) & 0xf, i < 200 ? code(e, r, i) : 0)
+                << e << " " << r << " " << i;
+          }
+        }
+      }
+  EXPECT_EQ(tile_layout(WeightCoding::kNvfp4), TileLayout::kFp4Nibbles);
+  EXPECT_EQ(tile_layout(WeightCoding::kMxfp4), TileLayout::kFp4Nibbles);
+  EXPECT_EQ(tile_layout(WeightCoding::kFp8), TileLayout::kBytes);
+  EXPECT_THROW(pack_weight_tiles(Tensor::zeros({1, 4, 64}, DType::kBF16).view(),
+                                 TileLayout::kFp4Nibbles),
+               InvalidArgument);
+}
+
+// A set finds the tiles of the very tensor they were packed from, in the layout asked for,
+// nothing else.
 TEST(WeightTilesTest, ASetFindsTilesByTheTensorTheyWerePackedFrom) {
   const Tensor a = Tensor::zeros({2, 8, 64}, DType::kF8E4M3);
   const Tensor b = Tensor::zeros({2, 8, 64}, DType::kF8E4M3);
   WeightTileSet set;
-  set.pack(a);
-  set.pack(a);         // already packed
-  set.pack(Tensor());  // None
+  constexpr TileLayout kBytes = TileLayout::kBytes;
+  set.pack(a, kBytes);
+  set.pack(a, kBytes);         // already packed
+  set.pack(Tensor(), kBytes);  // None
   ASSERT_EQ(set.tiles().size(), 1u);
-  EXPECT_EQ(set.find(a.view()).data, set.tiles()[0].view().data);
-  EXPECT_EQ(set.find(b.view()).data, nullptr);  // same shape, other codes
-  TensorView same_bytes_retagged = a.view();    // the same bytes under another 1-byte tag
+  EXPECT_EQ(set.find(a.view(), kBytes).data, set.tiles()[0].view().data);
+  EXPECT_EQ(set.find(a.view(), TileLayout::kFp4Nibbles).data, nullptr);  // packed as bytes only
+  EXPECT_EQ(set.find(b.view(), kBytes).data, nullptr);  // same shape, other codes
+  TensorView same_bytes_retagged = a.view();            // the same bytes under another 1-byte tag
   same_bytes_retagged.dtype = DType::kU8;
-  EXPECT_EQ(set.find(same_bytes_retagged).data, set.tiles()[0].view().data);
+  EXPECT_EQ(set.find(same_bytes_retagged, kBytes).data, set.tiles()[0].view().data);
   TensorView wider_elements = a.view();
   wider_elements.dtype = DType::kBF16;
-  EXPECT_EQ(set.find(wider_elements).data, nullptr);
+  EXPECT_EQ(set.find(wider_elements, kBytes).data, nullptr);
   WeightOperand w;
+  w.coding = WeightCoding::kFp8;
   w.data = b.view();
   attach_weight_tiles(&set, w);
   EXPECT_EQ(w.tiles.data, nullptr);
   w.data = a.view();
   attach_weight_tiles(&set, w);
   EXPECT_EQ(w.tiles.data, set.tiles()[0].view().data);
+  w.coding = WeightCoding::kMxfp4;  // the same bytes read as fp4 need their own layout
+  attach_weight_tiles(&set, w);
+  EXPECT_EQ(w.tiles.data, nullptr);
+  set.pack(a, TileLayout::kFp4Nibbles);
+  ASSERT_EQ(set.tiles().size(), 2u);
+  attach_weight_tiles(&set, w);
+  EXPECT_EQ(w.tiles.data, set.tiles()[1].view().data);
   attach_weight_tiles(nullptr, w);
   EXPECT_EQ(w.tiles.data, nullptr);
-  EXPECT_THROW(pack_weight_tiles(Tensor::zeros({8, 64}, DType::kU8).view()), InvalidArgument);
+  EXPECT_THROW(pack_weight_tiles(Tensor::zeros({8, 64}, DType::kU8).view(), kBytes),
+               InvalidArgument);
 }
 
 }  // namespace

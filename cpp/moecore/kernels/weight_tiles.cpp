@@ -17,7 +17,21 @@ void check_packable(const TensorView& data) {
                 data.describe());
 }
 
+// The n ≤ 64 bytes of packed fp4 at src as one kFp4Nibbles piece (dst zeroed).
+void transpose_fp4_piece(const uint8_t* src, int64_t n, uint8_t* dst) {
+  for (int64_t e = 0; e < 2 * n; ++e) {
+    const int code = src[e / 2] >> (4 * (e % 2)) & 0xf;
+    const int64_t word = e % 32, nibble = e / 32;  // nibble 0 is the word's lowest
+    dst[2 * word + nibble / 2] |= static_cast<uint8_t>(code << (4 * (nibble % 2)));
+  }
+}
+
 }  // namespace
+
+TileLayout tile_layout(WeightCoding coding) {
+  return coding == WeightCoding::kNvfp4 || coding == WeightCoding::kMxfp4 ? TileLayout::kFp4Nibbles
+                                                                          : TileLayout::kBytes;
+}
 
 std::vector<int64_t> weight_tiles_shape(const TensorView& data) {
   check_packable(data);
@@ -26,8 +40,10 @@ std::vector<int64_t> weight_tiles_shape(const TensorView& data) {
           kWeightTilePieceBytes};
 }
 
-Tensor pack_weight_tiles(const TensorView& data) {
+Tensor pack_weight_tiles(const TensorView& data, TileLayout layout) {
   const std::vector<int64_t> shape = weight_tiles_shape(data);
+  MOECORE_CHECK(layout == TileLayout::kBytes || dtype_size(data.dtype) == 1,
+                "pack_weight_tiles: fp4 tiles take packed fp4 bytes, got ", data.describe());
   Tensor tiles = Tensor::zeros(shape, DType::kU8);
   const TensorView out = tiles.view();
   const int64_t n = data.shape[1], bytes = row_bytes(data);
@@ -36,9 +52,13 @@ Tensor pack_weight_tiles(const TensorView& data) {
       for (int64_t r = 0; r < n; ++r) {
         const auto* src = static_cast<const uint8_t*>(data.at({e, r, 0}));
         uint8_t* dst = const_cast<uint8_t*>(weight_tile_row(out, e, r));
-        for (int64_t j = 0; j < bytes; j += kWeightTilePieceBytes)
-          std::memcpy(dst + j * kWeightTileRows, src + j,
-                      static_cast<size_t>(std::min(kWeightTilePieceBytes, bytes - j)));
+        for (int64_t j = 0; j < bytes; j += kWeightTilePieceBytes) {
+          const int64_t n = std::min(kWeightTilePieceBytes, bytes - j);
+          if (layout == TileLayout::kFp4Nibbles)
+            transpose_fp4_piece(src + j, n, dst + j * kWeightTileRows);
+          else
+            std::memcpy(dst + j * kWeightTileRows, src + j, static_cast<size_t>(n));
+        }
       }
   });
   return tiles;
@@ -48,15 +68,16 @@ const uint8_t* weight_tile_row(const TensorView& tiles, int64_t e, int64_t r) {
   return static_cast<const uint8_t*>(tiles.at({e, r / kWeightTileRows, 0, r % kWeightTileRows, 0}));
 }
 
-void WeightTileSet::pack(const Tensor& weights) {
-  if (!weights.defined() || find(weights.view()).data != nullptr) return;
-  entries_.push_back({weights, pack_weight_tiles(weights.view())});
+void WeightTileSet::pack(const Tensor& weights, TileLayout layout) {
+  if (!weights.defined() || find(weights.view(), layout).data != nullptr) return;
+  entries_.push_back({weights, pack_weight_tiles(weights.view(), layout), layout});
 }
 
-TensorView WeightTileSet::find(const TensorView& data) const {
+TensorView WeightTileSet::find(const TensorView& data, TileLayout layout) const {
   for (const Entry& entry : entries_) {
     const TensorView& s = entry.source.view();
-    if (s.data == data.data && dtype_size(s.dtype) == dtype_size(data.dtype) &&
+    if (entry.layout == layout && s.data == data.data &&
+        dtype_size(s.dtype) == dtype_size(data.dtype) &&
         s.shape_vector() == data.shape_vector() &&
         std::equal(s.strides, s.strides + s.ndim, data.strides))
       return entry.tiles.view();
@@ -71,7 +92,7 @@ std::vector<Tensor> WeightTileSet::tiles() const {
 }
 
 void attach_weight_tiles(const WeightTileSet* set, WeightOperand& w) {
-  w.tiles = set != nullptr ? set->find(w.data) : TensorView{};
+  w.tiles = set != nullptr ? set->find(w.data, tile_layout(w.coding)) : TensorView{};
 }
 
 }  // namespace moecore

@@ -27,7 +27,7 @@ void FusedMoEMethod::pack_weight_tiles(FusedMoE& layer) {
   const MoeRunnerConfig& config = runner_->config();
   if (!config.prepack_weight_tiles || !scaled_gemm_reads_weight_tiles(config.gemm_kernel())) return;
   auto tiles = std::make_shared<WeightTileSet>();
-  for (const Tensor& w : kernel_weights(layer)) tiles->pack(w);
+  for (const Tensor& w : kernel_weights(layer)) tiles->pack(w, kernel_weights_layout());
   weight_tiles_ = std::move(tiles);
 }
 

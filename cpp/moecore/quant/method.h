@@ -48,6 +48,8 @@ class FusedMoEMethod {
   /// The processed expert weights the runner's kernels read in place: the layer's w13_weight and
   /// w2_weight unless a method reads a layout of its own.
   virtual std::vector<Tensor> kernel_weights(const FusedMoE& layer) const;
+  /// The tile layout the kernels read kernel_weights() in (packed fp4 has its own).
+  virtual TileLayout kernel_weights_layout() const { return TileLayout::kBytes; }
 
  protected:
   /// The QuantInfo apply passes for this dispatch output (after checking what the method

@@ -66,6 +66,7 @@ class ModelOptNvFp4FusedMoEMethod : public FusedMoEMethod {
                                 const DispatchOutputPtr& dispatch_output) override;
   /// [Up, Gate] for flashinfer_cutlass and CuteDSL v2 when gated (fixed at create_weights).
   bool load_up_proj_weight_first() const override { return up_first_; }
+  TileLayout kernel_weights_layout() const override { return TileLayout::kFp4Nibbles; }
 
   /// The QuantInfo apply() passes (FlashInferCutlassMoeQuantInfo or CuteDslFp4MoeQuantInfo).
   QuantInfoPtr quant_info(const FusedMoE& layer) const;

@@ -65,6 +65,7 @@ class Mxfp4MoEMethod : public FusedMoEMethod {
   std::vector<Tensor> kernel_weights(const FusedMoE&) const override {
     return {kernel_layout_.w13_weight, kernel_layout_.w2_weight};
   }
+  TileLayout kernel_weights_layout() const override { return TileLayout::kFp4Nibbles; }
 
  private:
   int64_t hidden_ = 0, inter_ = 0, inter_after_pad_ = 0, padded_inter_ = 0, padded_hidden_ = 0;
@@ -97,6 +98,7 @@ class Mxfp4FlashinferCutlassMoEMethod : public FusedMoEMethod {
   std::vector<Tensor> kernel_weights(const FusedMoE&) const override {
     return {kernel_layout_.w13_weight, kernel_layout_.w2_weight};
   }
+  TileLayout kernel_weights_layout() const override { return TileLayout::kFp4Nibbles; }
 
  private:
   Tensor swiglu_alpha_, swiglu_beta_, swiglu_limit_;

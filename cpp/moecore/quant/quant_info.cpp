@@ -5,7 +5,7 @@ namespace moecore {
 
 void MoeQuantInfo::pack_weight_tiles() {
   auto set = std::make_shared<WeightTileSet>();
-  for (const Tensor& w : kernel_weights()) set->pack(w);
+  for (const Tensor& w : kernel_weights()) set->pack(w, kernel_weights_layout());
   weight_tiles = std::move(set);
 }
 

@@ -22,6 +22,8 @@ class MoeQuantInfo {
   /// The expert weight tensors the kernels read in place (those the runner's operands view), which
   /// pack_weight_tiles packs.
   virtual std::vector<Tensor> kernel_weights() const = 0;
+  /// The tile layout the kernels read kernel_weights() in (packed fp4 has its own).
+  virtual TileLayout kernel_weights_layout() const { return TileLayout::kBytes; }
 
   /// moecore: kernel_weights() prepacked in weight tiles (kernels/weight_tiles.h), which the
   /// runners' operands read instead where their kernel row streams tiles; nullptr: none. Quant
@@ -109,6 +111,7 @@ struct CuteDslFp4MoeQuantInfo : MoeQuantInfo {
   Nvfp4LinearScales linear_scales;
   const char* name() const override { return "CuteDslFp4MoeQuantInfo"; }
   std::vector<Tensor> kernel_weights() const override { return {w13_weight, w2_weight}; }
+  TileLayout kernel_weights_layout() const override { return TileLayout::kFp4Nibbles; }
 };
 
 /// An MXFP4 MLP's weights in the layout the kernels read (what WeightOperand with
@@ -143,6 +146,7 @@ struct FlashInferMxfp4CutlassMoeQuantInfo : MoeQuantInfo {
   std::vector<Tensor> kernel_weights() const override {
     return {kernel_layout.w13_weight, kernel_layout.w2_weight};
   }
+  TileLayout kernel_weights_layout() const override { return TileLayout::kFp4Nibbles; }
 };
 
 /// FlashInferCutlassMoeQuantInfo (sglang moe_runner/flashinfer_cutlass.py): FlashInfer's
@@ -162,6 +166,9 @@ struct FlashInferCutlassMoeQuantInfo : MoeQuantInfo {
   Nvfp4LinearScales linear_scales;
   const char* name() const override { return "FlashInferCutlassMoeQuantInfo"; }
   std::vector<Tensor> kernel_weights() const override { return {w13_weight, w2_weight}; }
+  TileLayout kernel_weights_layout() const override {
+    return quant_type == "fp4" ? TileLayout::kFp4Nibbles : TileLayout::kBytes;
+  }
 };
 
 }  // namespace moecore

@@ -136,16 +136,18 @@ inline void load_bf16x64(const Fp8ByteTableStream& stream, int c, int64_t k, __m
   second = _mm512_unpackhi_epi8(bytes.low, bytes.high);
 }
 
-// Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of a 32-entry bf16 table,
-// the 16 weights of the block scale of elements [k, k + 16), then of [k + 16, k + 32): the fp32
-// tables of weight_streams.h rounded to bf16, exactly (≤ 6 significant bits; subnormals, which
-// VDPBF16PS would read as zero anyway, become zero).
+// Packed e2m1 straight to bf16: each 32 weights are a permute (VPERMW) of their block scale's bf16
+// table, the fp32 tables of weight_streams.h rounded to bf16, exactly (≤ 6 significant bits;
+// subnormals, which VDPBF16PS would read as zero anyway, become zero). VPERMW reads only bits 0–4
+// of an index word, so each table holds its 16 entries twice (one 64-byte line): bit 4 may be
+// anything, as it is where a word holds more than one nibble (Fp4TileStream).
 struct Fp4Bf16Tables {
-  alignas(64) uint16_t values[256][16];
+  alignas(64) uint16_t values[256][32];
   explicit Fp4Bf16Tables(const Fp4Tables& fp32) {
-    for (int c = 0; c < 256; ++c)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(values[c]),
-                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(fp32.values[c])));
+    for (int c = 0; c < 256; ++c) {
+      const __m256i bf16 = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(fp32.values[c]));
+      _mm512_store_si512(values[c], _mm512_inserti64x4(_mm512_castsi256_si512(bf16), bf16, 1));
+    }
   }
 };
 
@@ -154,8 +156,8 @@ template <int kGroup>
 struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   const Fp4Bf16Tables& bf16_tables = tables_of_coding();
   /// The bf16 table of channel c's element k.
-  const __m256i* table(int c, int64_t k) const {
-    return reinterpret_cast<const __m256i*>(bf16_tables.values[this->scale_code(c, k)]);
+  __m512i table(int c, int64_t k) const {
+    return _mm512_load_si512(bf16_tables.values[this->scale_code(c, k)]);
   }
   static const Fp4Bf16Tables& tables_of_coding() {
     static const Fp4Bf16Tables tables(fp4_tables<kGroup>());
@@ -163,26 +165,69 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   }
 };
 
-// Word 2j of the index vector takes byte j's low nibble, word 2j + 1 its high nibble. Words 0–15
-// permute the table of elements [k, k + 16); with 16-element groups words 16–31 permute the next
-// block's table in a second, masked permute. K is a multiple of the group, so an mxfp4 step is
-// always whole and an nvfp4 step is whole or its first 16 elements (then words 16–31 are +0).
+// Elements [k, k + 32) of channel c from index words whose bits 0–3 hold element k + j in word j:
+// one permute, or with 16-element groups (nvfp4) a second, masked one for words 16–31 from the
+// next block's table, unless only the first 16 elements are left (`whole` false: those words are
+// +0, and no scale past the row's end is read).
+template <int kGroup>
+inline __m512i fp4_bf16_step(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k,
+                             __m512i nibbles, bool whole) {
+  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, stream.table(c, k));
+  const __m512i first = _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, stream.table(c, k));
+  if (!whole) return first;
+  return _mm512_mask_permutexvar_epi16(first, 0xffff0000, nibbles, stream.table(c, k + 16));
+}
+
+// From the contract rows: word 2j of the index vector takes byte j's low nibble, word 2j + 1 its
+// high nibble. K is a multiple of the group, so an mxfp4 step is always whole and an nvfp4 step is
+// whole or its first 16 elements.
 template <int kGroup>
 inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k, __mmask32 mask) {
   const uint8_t* bytes = stream.at(c, k >> 1);  // k ≥ 0: a shift, not a signed division
-  const bool upper = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
-  const __m128i packed = upper ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
+  const bool whole = kGroup == 32 || (mask >> 16) != 0;  // never read past the row's end
+  const __m128i packed = whole ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes))
                                : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
   const __m512i x = _mm512_cvtepu8_epi32(packed);
   // (x | x << 12) & 0x000f000f
   const __m512i nibbles =
       _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  const __m512i lo = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k)));
-  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, lo);
-  const __m512i first = _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, lo);
-  if (!upper) return first;
-  const __m512i hi = _mm512_zextsi256_si512(_mm256_load_si256(stream.table(c, k + 16)));
-  return _mm512_mask_permutexvar_epi16(first, 0xffff0000, nibbles, hi);
+  return fp4_bf16_step(stream, c, k, nibbles, whole);
+}
+
+// fp4 rows read from the weight tiles, whose pieces hold their 128 codes with the nibbles
+// transposed (weight_tiles.h, TileLayout::kFp4Nibbles): word j of a piece holds elements j,
+// 32 + j, 64 + j and 96 + j from its low nibble up. So the piece shifted right by 4s indexes step
+// s (elements 32s to 32s + 31, in order) in its words' low nibbles: a whole piece is one load,
+// three shifts and four permutes (eight for nvfp4), where the stored order takes a widening, a
+// shift and a bit operation before each permute (Zen 4, 1 × 16384 × 2048 from memory: mxfp4 in
+// 0.76×, nvfp4 in 0.84× the time; bench/RESULTS.md).
+template <int kGroup>
+struct Fp4TileStream : Fp4Bf16Stream<kGroup> {
+  Fp4TileStream() { this->tiled = true; }
+};
+
+// Streams that load a whole 64-byte piece at a time (load_piece) and decode its kPieceSteps steps
+// of 32 elements, in element order, from the register (piece_step_bf16).
+template <class Stream>
+constexpr bool kWholePieces = false;
+template <int kGroup>
+constexpr bool kWholePieces<Fp4TileStream<kGroup>> = true;
+constexpr int kPieceSteps = 4;
+constexpr int64_t kPieceElements = 32 * kPieceSteps;
+
+/// The piece holding elements [k, k + 128) of channel c's row (k a multiple of 128).
+template <int kGroup>
+inline __m512i load_piece(const Fp4TileStream<kGroup>& stream, int c, int64_t k) {
+  return _mm512_loadu_si512(stream.at(c, k >> 1));
+}
+
+/// Step s of that piece as 32 bf16 codes (elements k + 32s on, in order), `left` > 32s elements
+/// from k to the row's end.
+template <int kGroup>
+inline __m512i piece_step_bf16(const Fp4TileStream<kGroup>& stream, int c, int64_t k,
+                               __m512i piece, int s, int64_t left) {
+  const __m512i nibbles = s == 0 ? piece : _mm512_srli_epi16(piece, 4 * s);
+  return fp4_bf16_step(stream, c, k + 32 * s, nibbles, left - 32 * s > 16);
 }
 
 }  // namespace

@@ -3,9 +3,10 @@
 //
 // Bf16-exact operands: the weights stream from their contract layout as in the avx512 row
 // (weight_streams.h: no copy, no per-call repacking, so decode stays on the memory bound), each
-// 32 elements (64 for fp8's byte tables, in paired order: bf16_streams.h) decoded exactly and
-// converted to bf16 in registers, and VDPBF16PS multiplies them with the activation rows,
-// converted to bf16 (in the same order) once per chunk of kRowChunk rows. Chunks of more rows
+// 32 elements (64 for fp8's byte tables, in paired order; a 64-byte piece of 128 for fp4 weight
+// tiles: bf16_streams.h) decoded exactly and converted to bf16 in registers, and VDPBF16PS
+// multiplies them with the activation rows, converted to bf16 (in the same order) once per chunk
+// of kRowChunk rows. Chunks of more rows
 // than a row tile decode each block of columns once into working memory instead (walk_decoded),
 // which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane sums over
 // 32-element steps in increasing order, folded to 4, scaled by sa[r, b] · sw[c, b] and added lane
@@ -82,39 +83,68 @@ struct Bf16Dots {
     // The stream in place, not a local copy: with a copy, bf16 decode from the weight tiles got
     // faster in single calls and 1.3x slower in layers (Zen 4; bench/RESULTS.md), not explained.
     const WeightPrefetch pf = prefetch;  // the prefetch, unlike the stream, copied: its test hoists
-    int64_t i = 0;
-    if constexpr (kPairedSteps<Stream>) {
-      for (; paired_group(len, i / 64); i += 64) {  // one line of codes: one prefetch
+    if constexpr (kWholePieces<Stream>) {
+      for (int64_t i = 0; i < len; i += kPieceElements) {  // one line of codes: one prefetch
         prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
-        const __mmask64 mask = avx512::tail_mask64(len - i);
-        __m512i w0[C], w1[C];
-        for (int c = 0; c < C; ++c) load_bf16x64(stream, c, k0 + i, mask, w0[c], w1[c]);
-        for (int r = 0; r < R; ++r) {
-          const uint8_t* row = rows + r * row_stride + 2 * i;
-          const __m512i a0 = _mm512_loadu_si512(row), a1 = _mm512_loadu_si512(row + kStepBytes);
-          for (int c = 0; c < C; ++c) {
-            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(a0),
-                                         reinterpret_cast<__m512bh>(w0[c]));
-            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(a1),
-                                         reinterpret_cast<__m512bh>(w1[c]));
+        if (len - i >= kPieceElements)
+          piece_dots(rows, row_stride, k0, i, kPieceElements, acc);
+        else  // the block's last piece, which ends early
+          piece_dots(rows, row_stride, k0, i, len - i, acc);
+      }
+    } else {
+      int64_t i = 0;
+      if constexpr (kPairedSteps<Stream>) {
+        for (; paired_group(len, i / 64); i += 64) {  // one line of codes: one prefetch
+          prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
+          const __mmask64 mask = avx512::tail_mask64(len - i);
+          __m512i w0[C], w1[C];
+          for (int c = 0; c < C; ++c) load_bf16x64(stream, c, k0 + i, mask, w0[c], w1[c]);
+          for (int r = 0; r < R; ++r) {
+            const uint8_t* row = rows + r * row_stride + 2 * i;
+            const __m512i a0 = _mm512_loadu_si512(row), a1 = _mm512_loadu_si512(row + kStepBytes);
+            for (int c = 0; c < C; ++c) {
+              acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(a0),
+                                           reinterpret_cast<__m512bh>(w0[c]));
+              acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(a1),
+                                           reinterpret_cast<__m512bh>(w1[c]));
+            }
           }
         }
       }
+      for (; i < len; i += 32) {  // steps in element order (the last one of a paired block)
+        prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
+        const __mmask32 mask = avx512::tail_mask32(len - i);
+        __m512i wv[C];
+        for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
+        for (int r = 0; r < R; ++r) {
+          const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * i);
+          for (int c = 0; c < C; ++c)
+            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(av),
+                                         reinterpret_cast<__m512bh>(wv[c]));
+        }
+      }
     }
-    for (; i < len; i += 32) {  // steps in element order (the last one of a paired block)
-      prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
-      const __mmask32 mask = avx512::tail_mask32(len - i);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+  }
+
+  // The steps of one piece (kWholePieces): elements [k0 + i, k0 + i + min(left, 128)), each
+  // step's dots in order, as single steps would take them (so bitwise the contract rows' results).
+  template <int R, int C>
+  void piece_dots(const uint8_t* rows, int64_t row_stride, int64_t k0, int64_t i, int64_t left,
+                  __m512 (&acc)[R][C]) const {
+    __m512i pieces[C];
+    for (int c = 0; c < C; ++c) pieces[c] = load_piece(stream, c, k0 + i);
+    for (int s = 0; s < kPieceSteps && 32 * s < left; ++s) {
       __m512i wv[C];
-      for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
+      for (int c = 0; c < C; ++c) wv[c] = piece_step_bf16(stream, c, k0 + i, pieces[c], s, left);
       for (int r = 0; r < R; ++r) {
-        const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * i);
+        const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * (i + 32 * s));
         for (int c = 0; c < C; ++c)
           acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(av),
                                        reinterpret_cast<__m512bh>(wv[c]));
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
   }
 };
 
@@ -210,12 +240,15 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
         for (int64_t b = 0; b < pk.num_blocks; ++b)
           buffers.a_scales[b * kRowChunk + r] = part.a.scale(r, b);
       }
-    if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
-      walk_decoded(part, stream, pk, buffers);
-    } else {
-      Bf16Dots<Stream> dots{stream, buffers.a_codes, buffers.a_scales, pk};
-      walk_tiles(part, dots);
+    // Streams of whole pieces read the weight tiles, which only calls of few rows do.
+    if constexpr (!kWholePieces<Stream>) {
+      if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
+        walk_decoded(part, stream, pk, buffers);
+        continue;
+      }
     }
+    Bf16Dots<Stream> dots{stream, buffers.a_codes, buffers.a_scales, pk};
+    walk_tiles(part, dots);
   }
   kept.keep();
 }
@@ -237,8 +270,9 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   // at a time), would read each tile group several times over, a part of every 64-byte piece each
   // time: from memory, 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the
   // rows (Zen 4, 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds).
+  const bool tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
   const auto run = [&](auto stream) {
-    stream.tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
+    stream.tiled = tiled;
     // Rows kept in paired order serve only a paired stream (fp8_byte_tables may change between).
     const KeptRows kept(a, m, w, kRowChunk, kPairedSteps<decltype(stream)> ? 1 : 0);
     run_streamed(call, stream, pk, buffers, kept);
@@ -254,8 +288,11 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
     case WeightCoding::kMxfp4:
       MOECORE_INTERNAL_CHECK(w.k % fp4_group_size(w.coding) == 0, "fp4 K (", w.k,
                              ") must be a multiple of its scale group");
-      if (w.coding == WeightCoding::kNvfp4) return run(Fp4Bf16Stream<16>{});
-      return run(Fp4Bf16Stream<32>{});
+      // fp4 tiles hold their pieces' nibbles transposed, for whole pieces a row of one K block.
+      MOECORE_INTERNAL_CHECK(!tiled || w.num_k_blocks() == 1, "fp4 tiles of K blocks");
+      if (w.coding == WeightCoding::kNvfp4)
+        return tiled ? run(Fp4TileStream<16>{}) : run(Fp4Bf16Stream<16>{});
+      return tiled ? run(Fp4TileStream<32>{}) : run(Fp4Bf16Stream<32>{});
   }
   MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }
