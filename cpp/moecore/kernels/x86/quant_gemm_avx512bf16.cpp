@@ -253,6 +253,25 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
   kept.keep();
 }
 
+// fp4 calls of kDecodeOnceRows to this many rows walk the weight tiles in 4 × 6 tiles, decoding
+// each piece once per row tile, instead of decoding their columns once into working memory: the
+// piece decode (Fp4TileStream) costs less than a decode and a store and load of its bf16 codes,
+// up to 4 row tiles (Zen 4, one call, `--tiles`, alternating runs: 9 / 12 / 16 / 24 × 1024 × 2048
+// in 0.81 / 0.80 / 0.90 / 0.93× the time, 32 rows 0.98×, 64 rows 1.07×).
+constexpr int64_t kFp4TiledMaxRows = 24;
+
+// The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one stream
+// per tile), else the contract rows. Walks of 2 channels (5–8 rows), and the decode-once pass (a
+// row at a time), read the tile groups' rows one by one, 64 bytes in every 256: from memory,
+// 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the rows (Zen 4,
+// 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds), and fp4 calls of
+// 5 and 6 rows 1.02–1.38× the time.
+bool reads_weight_tiles(const WeightOperand& w, int64_t m) {
+  if (w.tiles.data == nullptr) return false;
+  const bool fp4 = w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
+  return m <= kFourChannelMaxRows || (fp4 && m >= kDecodeOnceRows && m <= kFp4TiledMaxRows);
+}
+
 size_t stream_scratch_bytes(const WeightOperand& w) {
   ScratchCarver sizing;
   [[maybe_unused]] const StreamBuffers layout(sizing, w, PaddedK(w, CodeType::kBf16));
@@ -265,12 +284,7 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
   const StreamBuffers buffers(carver, w, pk);
   const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
-  // The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one
-  // stream per tile), else the contract rows. Walks of 2 channels, and the decode-once pass (a row
-  // at a time), would read each tile group several times over, a part of every 64-byte piece each
-  // time: from memory, 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the
-  // rows (Zen 4, 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds).
-  const bool tiled = w.tiles.data != nullptr && m <= kFourChannelMaxRows;
+  const bool tiled = reads_weight_tiles(w, m);
   const auto run = [&](auto stream) {
     stream.tiled = tiled;
     // Rows kept in paired order serve only a paired stream (fp8_byte_tables may change between).
