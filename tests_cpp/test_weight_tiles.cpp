@@ -7,6 +7,10 @@
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/weight_tiles.h"
+#include "moecore/quant/fp8.h"
+#include "moecore/quant/modelopt_nvfp4.h"
+#include "moecore/quant/mxfp4.h"
+#include "moecore/quant/quant_info.h"
 
 namespace moecore {
 namespace {
@@ -108,6 +112,35 @@ TEST(WeightTilesTest, ASetFindsTilesByTheTensorTheyWerePackedFrom) {
   EXPECT_EQ(w.tiles.data, nullptr);
   EXPECT_THROW(pack_weight_tiles(Tensor::zeros({8, 64}, DType::kU8).view(), kBytes),
                InvalidArgument);
+}
+
+// Every holder of packed fp4 kernel weights packs them in the layout fp4 operands look for (a
+// wrong one would only leave the kernels on the contract rows, so nothing else would show it).
+TEST(WeightTilesTest, Fp4QuantInfosAndMethodsPackTheLayoutTheirKernelsRead) {
+  constexpr TileLayout kFp4 = TileLayout::kFp4Nibbles;
+  const auto packs_fp4 = [](MoeQuantInfo& info, const Tensor& w13) {
+    info.pack_weight_tiles();
+    return info.weight_tiles->find(w13.view(), kFp4).data != nullptr;
+  };
+  CuteDslFp4MoeQuantInfo cutedsl;
+  cutedsl.w13_weight = Tensor::zeros({1, 8, 32}, DType::kU8);
+  cutedsl.w2_weight = Tensor::zeros({1, 4, 32}, DType::kU8);
+  EXPECT_TRUE(packs_fp4(cutedsl, cutedsl.w13_weight));
+  FlashInferMxfp4CutlassMoeQuantInfo mxfp4;
+  mxfp4.kernel_layout.w13_weight = Tensor::zeros({1, 8, 32}, DType::kU8);
+  mxfp4.kernel_layout.w2_weight = Tensor::zeros({1, 4, 32}, DType::kU8);
+  EXPECT_TRUE(packs_fp4(mxfp4, mxfp4.kernel_layout.w13_weight));
+  FlashInferCutlassMoeQuantInfo cutlass;
+  cutlass.w13_weight = Tensor::zeros({1, 8, 32}, DType::kU8);
+  cutlass.w2_weight = Tensor::zeros({1, 4, 32}, DType::kU8);
+  cutlass.quant_type = "fp4";
+  EXPECT_TRUE(packs_fp4(cutlass, cutlass.w13_weight));
+  cutlass.quant_type = "fp8";  // the same runner with fp8 codes reads them as bytes
+  EXPECT_EQ(cutlass.kernel_weights_layout(), TileLayout::kBytes);
+  EXPECT_EQ(ModelOptNvFp4FusedMoEMethod().kernel_weights_layout(), kFp4);
+  EXPECT_EQ(Mxfp4MoEMethod().kernel_weights_layout(), kFp4);
+  EXPECT_EQ(Mxfp4FlashinferCutlassMoEMethod().kernel_weights_layout(), kFp4);
+  EXPECT_EQ(Fp8MoEMethod().kernel_weights_layout(), TileLayout::kBytes);
 }
 
 }  // namespace
