@@ -1,7 +1,7 @@
 """Weight tiles (kernels/weight_tiles.h): the weights prepacked at load into one stream per decode
 tile. Every runner path gives the same bits with and without them, at every ISA level; the kernel
 rows that stream tiles (avx512_bf16, amx; not the opt-in AMX float tiles) really read them in
-decode calls, and calls of more rows read the contract rows;
+decode calls and in fp4 calls of 9 to 24 rows, and other calls read the contract rows;
 FusedMoE packs them when it processes its weights unless MoeRunnerConfig.prepack_weight_tiles is
 False."""
 
@@ -36,18 +36,28 @@ def test_tiles_give_the_contract_layouts_bits_and_are_read(fmt, level):
     assert plain.quant_info.weight_tiles is None
     tiles = tiled.quant_info.weight_tiles
     assert len(tiles) == 2 and all(t.dtype == np.uint8 and t.shape[-2:] == (4, 64) for t in tiles)
-    for m in (1, 3, 16, 40):  # decode tiles of 4 channels, 2-channel tiles, decoded column blocks
+    # Rows per expert: decode tiles of 4 channels, 2-channel tiles, 4 × 6 tiles (fp4 from the
+    # tiles, other formats' columns decoded once), decoded column blocks.
+    for m in (1, 3, 16, 40, 80):
         want = _run(plain, m, level)
         np.testing.assert_array_equal(_run(tiled, m, level), want)
     # Zeroed tiles change the result exactly where the row streams them: decode calls (4-channel
-    # tiles). Calls of more than 4 rows per expert read the contract rows at every level.
+    # tiles) and fp4 calls of 9 to 24 rows per expert. Other calls read the contract rows.
     for t in tiles:
         t[...] = 0
+    reads = _runner(tiled, level).config.gemm_kernel in TILE_KERNELS
     changed = not np.array_equal(_run(tiled, 1, level), _run(plain, 1, level))
-    assert changed == (_runner(tiled, level).config.gemm_kernel in TILE_KERNELS)
-    _, _, ids = make_tokens(np.random.default_rng(5), SHAPE, 40)
-    assert np.bincount(np.asarray(ids).ravel(), minlength=SHAPE.experts).min() > 4
-    np.testing.assert_array_equal(_run(tiled, 40, level), _run(plain, 40, level))
+    assert changed == reads
+
+    def rows_per_expert(m):
+        _, _, ids = make_tokens(np.random.default_rng(5), SHAPE, m)
+        return np.bincount(np.asarray(ids).ravel(), minlength=SHAPE.experts)
+
+    assert rows_per_expert(40).min() >= 9 and rows_per_expert(40).max() <= 24
+    changed = not np.array_equal(_run(tiled, 40, level), _run(plain, 40, level))
+    assert changed == (reads and fmt in ("nvfp4", "mxfp4"))
+    assert rows_per_expert(80).min() > 24
+    np.testing.assert_array_equal(_run(tiled, 80, level), _run(plain, 80, level))
 
 
 def _bf16_layer(**config):
