@@ -253,11 +253,13 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
   kept.keep();
 }
 
-// fp4 calls of kDecodeOnceRows to this many rows walk the weight tiles in 4 × 6 tiles, decoding
-// each piece once per row tile, instead of decoding their columns once into working memory: the
-// piece decode (Fp4TileStream) costs less than a decode and a store and load of its bf16 codes,
-// up to 4 row tiles (Zen 4, one call, `--tiles`, alternating runs: 9 / 12 / 16 / 24 × 1024 × 2048
-// in 0.81 / 0.80 / 0.90 / 0.93× the time, 32 rows 0.98×, 64 rows 1.07×).
+// On AMD cores, fp4 calls of kDecodeOnceRows to this many rows walk the weight tiles in 4 × 6
+// tiles, decoding each piece once per row tile, instead of decoding their columns once into
+// working memory: there the piece decode (Fp4TileStream) costs less than a decode and a store and
+// load of its bf16 codes, up to 4 row tiles (Zen 4, one call, `--tiles`, alternating runs: 9 / 12
+// / 16 / 24 × 1024 × 2048 in 0.81 / 0.80 / 0.90 / 0.93× the time, 32 rows 0.98×, 64 rows 1.07×).
+// On the 16-core Xeon, whose 512-bit shuffles issue on one port, the same calls took 0.95–1.07×
+// and GPT-OSS-20B mxfp4 at M = 128 1.2× the time, so Intel cores decode once.
 constexpr int64_t kFp4TiledMaxRows = 24;
 
 // The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one stream
@@ -269,7 +271,8 @@ constexpr int64_t kFp4TiledMaxRows = 24;
 bool reads_weight_tiles(const WeightOperand& w, int64_t m) {
   if (w.tiles.data == nullptr) return false;
   const bool fp4 = w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
-  return m <= kFourChannelMaxRows || (fp4 && m >= kDecodeOnceRows && m <= kFp4TiledMaxRows);
+  return m <= kFourChannelMaxRows || (fp4 && cpu_features().vendor_amd && m >= kDecodeOnceRows &&
+                                      m <= kFp4TiledMaxRows);
 }
 
 size_t stream_scratch_bytes(const WeightOperand& w) {
