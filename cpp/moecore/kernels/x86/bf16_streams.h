@@ -1,8 +1,9 @@
 // Weight streams of the avx512_bf16 and amx rows: each 32 elements of a weight row decoded exactly
 // to bf16 codes in registers (load_bf16x32), for every coding these rows take (bf16 as stored,
-// e4m3fn, int8 as float values, nvfp4/mxfp4 through per-scale tables). Include only from files
-// compiled with AVX512-BF16 and VBMI flags or more; internal linkage, so each row keeps its own
-// copy.
+// e4m3fn, int8 as float values, nvfp4/mxfp4 through per-scale tables); e4m3fn byte tables also a
+// pair of steps at a time (load_bf16x64), and fp4 weight tiles a 64-byte piece of four steps at a
+// time (load_piece, piece_step_bf16). Include only from files compiled with AVX512-BF16 and VBMI
+// flags or more; internal linkage, so each row keeps its own copy.
 #pragma once
 
 #include "moecore/kernels/x86/weight_streams.h"
