@@ -6,9 +6,9 @@
 // 32 elements (64 for fp8's byte tables, in paired order; a 64-byte piece of 128 for fp4 weight
 // tiles: bf16_streams.h) decoded exactly and converted to bf16 in registers, and VDPBF16PS
 // multiplies them with the activation rows, converted to bf16 (in the same order) once per chunk
-// of kRowChunk rows. Chunks of more rows
-// than a row tile decode each block of columns once into working memory instead (walk_decoded),
-// which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane sums over
+// of kRowChunk rows. Chunks of more rows than a row tile decode each block of columns once into
+// working memory instead (walk_decoded; on AMD cores fp4 chunks of up to 24 rows walk the weight
+// tiles), which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane sums over
 // 32-element steps in increasing order, folded to 4, scaled by sa[r, b] · sw[c, b] and added lane
 // by lane in block order; then the 4 folded, · alpha (tile_lane_sums). So a row's result depends
 // on its own activation and weight rows only, never on the other rows of the call, nor on threads.
@@ -240,7 +240,7 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
         for (int64_t b = 0; b < pk.num_blocks; ++b)
           buffers.a_scales[b * kRowChunk + r] = part.a.scale(r, b);
       }
-    // Streams of whole pieces read the weight tiles, which only calls of few rows do.
+    // Streams of whole pieces read the weight tiles, which calls walk (reads_weight_tiles).
     if constexpr (!kWholePieces<Stream>) {
       if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
         walk_decoded(part, stream, pk, buffers);
