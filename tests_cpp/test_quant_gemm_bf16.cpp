@@ -236,7 +236,7 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
     const Tensor tiles = pack_weight_tiles(op.data.view(), tile_layout(op.w.coding));
     WeightOperand tiled_w = op.w;
     tiled_w.tiles = tiles.view();
-    for (int64_t m : {1, 2, 3, 7, 16, 17, 64, 130}) {
+    for (int64_t m : {1, 2, 3, 6, 7, 16, 17, 64, 130}) {
       SCOPED_TRACE(::testing::Message()
                    << row.name() << " " << case_name(c) << " m=" << m << " n=" << n << " k=" << k);
       const Activations a = make_activations(rng, c, m, op.w);

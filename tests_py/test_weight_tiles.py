@@ -1,8 +1,8 @@
 """Weight tiles (kernels/weight_tiles.h): the weights prepacked at load into one stream per decode
 tile. Every runner path gives the same bits with and without them, at every ISA level; the kernel
 rows that stream tiles (avx512_bf16, amx; not the opt-in AMX float tiles) really read them in
-decode calls and, on AMD cores, in fp4 calls of 9 to 24 rows, and other calls read the contract
-rows;
+decode calls and, on AMD cores, in fp4 calls of 5, 6 and 9 to 24 rows, and other calls read the
+contract rows;
 FusedMoE packs them when it processes its weights unless MoeRunnerConfig.prepack_weight_tiles is
 False."""
 
@@ -37,14 +37,15 @@ def test_tiles_give_the_contract_layouts_bits_and_are_read(fmt, level):
     assert plain.quant_info.weight_tiles is None
     tiles = tiled.quant_info.weight_tiles
     assert len(tiles) == 2 and all(t.dtype == np.uint8 and t.shape[-2:] == (4, 64) for t in tiles)
-    # Rows per expert: decode tiles of 4 channels, 2-channel tiles, 4 × 6 tiles (fp4 from the
-    # tiles on AMD cores, else columns decoded once), decoded column blocks.
+    # Rows per expert: decode tiles of 4 channels, 2-channel tiles (fp4 on AMD cores: 4-channel
+    # tiles of 6 rows from the tiles), 4 × 6 tiles (fp4 from the tiles on AMD cores, else columns
+    # decoded once), decoded column blocks.
     for m in (1, 3, 16, 40, 80):
         want = _run(plain, m, level)
         np.testing.assert_array_equal(_run(tiled, m, level), want)
     # Zeroed tiles change the result exactly where the row streams them: decode calls (4-channel
-    # tiles) and, on AMD cores, fp4 calls of 9 to 24 rows per expert. Other calls read the
-    # contract rows.
+    # tiles) and, on AMD cores, fp4 calls of 5, 6 and 9 to 24 rows per expert. Other calls read
+    # the contract rows.
     for t in tiles:
         t[...] = 0
     reads = _runner(tiled, level).config.gemm_kernel in TILE_KERNELS

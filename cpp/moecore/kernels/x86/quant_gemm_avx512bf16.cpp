@@ -240,7 +240,7 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
         for (int64_t b = 0; b < pk.num_blocks; ++b)
           buffers.a_scales[b * kRowChunk + r] = part.a.scale(r, b);
       }
-    // Streams of whole pieces read the weight tiles, which calls walk (reads_weight_tiles).
+    // Streams of whole pieces read the weight tiles, in tiles of 4 channels (reads_weight_tiles).
     if constexpr (!kWholePieces<Stream>) {
       if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
         walk_decoded(part, stream, pk, buffers);
@@ -248,7 +248,10 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
       }
     }
     Bf16Dots<Stream> dots{stream, buffers.a_codes, buffers.a_scales, pk};
-    walk_tiles(part, dots);
+    if constexpr (kWholePieces<Stream>)
+      walk<4>(part, dots);
+    else
+      walk_tiles(part, dots);
   }
   kept.keep();
 }
@@ -264,15 +267,21 @@ constexpr int64_t kFp4TiledMaxRows = 24;
 
 // The weight tiles when w has them and the call walks 4-channel tiles (the same codes, one stream
 // per tile), else the contract rows. Walks of 2 channels (5–8 rows), and the decode-once pass (a
-// row at a time), read the tile groups' rows one by one, 64 bytes in every 256: from memory,
-// 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the rows (Zen 4,
+// row at a time), would read the tile groups' rows one by one, 64 bytes in every 256: from
+// memory, 8 × 16384 × 2048 bf16 took 10.2 ms reading the tiles and 7.5 ms reading the rows (Zen 4,
 // 2026-11-27, moecore_gemm_timing --tiles, alternating runs of the two builds), and fp4 calls of
-// 5 and 6 rows 1.02–1.38× the time.
+// 5 and 6 rows walking 2 channels of the tiles 1.02–1.38× the time of the contract rows.
 bool reads_weight_tiles(const WeightOperand& w, int64_t m) {
   if (w.tiles.data == nullptr) return false;
+  if (m <= kFourChannelMaxRows) return true;
   const bool fp4 = w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
-  return m <= kFourChannelMaxRows || (fp4 && cpu_features().vendor_amd && m >= kDecodeOnceRows &&
-                                      m <= kFp4TiledMaxRows);
+  // AMD cores, fp4: 5 or 6 rows are one 4-channel row tile from the tiles, not a 2-channel walk of
+  // the contract rows (one call, 5 / 6 × 1024 × 2048: mxfp4 0.85 / 0.91×, nvfp4 0.81 / 0.70× the
+  // time; 7 and 8 rows, two row tiles, took mxfp4 1.03-1.13×); 9 to kFp4TiledMaxRows rows walk
+  // them instead of decoding once.
+  const bool one_row_tile = m <= kWalkRows<kMaxChannels, true>;
+  return fp4 && cpu_features().vendor_amd &&
+         (one_row_tile || (m >= kDecodeOnceRows && m <= kFp4TiledMaxRows));
 }
 
 size_t stream_scratch_bytes(const WeightOperand& w) {
