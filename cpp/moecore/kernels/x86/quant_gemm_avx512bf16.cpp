@@ -8,10 +8,11 @@
 // multiplies them with the activation rows, converted to bf16 (in the same order) once per chunk
 // of kRowChunk rows. Chunks of more rows than a row tile decode each block of columns once into
 // working memory instead (walk_decoded; on AMD cores fp4 chunks of up to 24 rows walk the weight
-// tiles), which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane sums over
-// 32-element steps in increasing order, folded to 4, scaled by sa[r, b] · sw[c, b] and added lane
-// by lane in block order; then the 4 folded, · alpha (tile_lane_sums). So a row's result depends
-// on its own activation and weight rows only, never on the other rows of the call, nor on threads.
+// tiles), which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane
+// sums over 32-element steps in increasing order, folded to 4, scaled by sa[r, b] · sw[c, b] and
+// added lane by lane in block order; then the 4 folded, · alpha (tile_lane_sums). So a row's
+// result depends on its own activation and weight rows only, never on the other rows of the call,
+// nor on threads.
 //
 // int8 × int8 codes: VPDPBUSD on the int8 weights as streamed, against activation bytes in the
 // padded layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other
@@ -274,7 +275,7 @@ constexpr int64_t kFp4TiledMaxRows = 24;
 bool reads_weight_tiles(const WeightOperand& w, int64_t m) {
   if (w.tiles.data == nullptr) return false;
   if (m <= kFourChannelMaxRows) return true;
-  const bool fp4 = w.coding == WeightCoding::kNvfp4 || w.coding == WeightCoding::kMxfp4;
+  const bool fp4 = tile_layout(w.coding) == TileLayout::kFp4Nibbles;  // pieces decoded whole
   // AMD cores, fp4: 5 or 6 rows are one 4-channel row tile from the tiles, not a 2-channel walk of
   // the contract rows (one call, 5 / 6 × 1024 × 2048: mxfp4 0.85 / 0.91×, nvfp4 0.81 / 0.70× the
   // time; 7 and 8 rows, two row tiles, took mxfp4 1.03-1.13×); 9 to kFp4TiledMaxRows rows walk
