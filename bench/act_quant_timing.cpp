@@ -1,8 +1,10 @@
 // Times the activation quantizers (the callbacks make_act_quantizer, nvfp4_quantizer and
-// fp8_multiply_quantizer build) at every ISA level this machine has, on one thread: each call
-// quantizes a whole [rows, K] f32 matrix in place, restored from a copy before each (untimed)
-// call; the median of the repeats is printed, with the speed-up over the scalar row (the formats
-// rules, as every quantizer ran before the kernel table). Built with the tests:
+// fp8_multiply_quantizer build) and the activation epilogue (activation_kernel's rows) at every
+// ISA level this machine has, on one thread: each quantizer call quantizes a whole [rows, K] f32
+// matrix in place, restored from a copy before each (untimed) call; each epilogue call turns
+// [rows, 2·inter] GEMM1 values into [rows, inter] bf16-rounded activations. The median of the
+// repeats is printed, with the speed-up over the scalar row (the formats rules, as every quantizer
+// ran before the kernel table; the reference epilogue). Built with the tests:
 //   ninja -C build moecore_act_quant_timing && build/moecore_act_quant_timing [repeats]
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "moecore/isa/isa.h"
+#include "moecore/kernels/activation.h"
 #include "moecore/runner/backends/flashinfer_moe_common.h"
 #include "moecore/runner/quant_compute.h"
 
@@ -52,6 +55,59 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The epilogues of the bench's layers: a Qwen3-30B-A3B prefill's GEMM1 rows (M = 1024, k = 8)
+// and a GPT-OSS-20B one's (k = 4, interleaved clamped SwiGLU), and a plain relu2.
+struct Epilogue {
+  const char* name;
+  int64_t rows, inter;
+  moecore::ActivationSpec spec;
+};
+
+std::vector<Epilogue> epilogues() {
+  moecore::ActivationSpec silu;
+  silu.round_dtype = moecore::DType::kBF16;
+  moecore::ActivationSpec swiglu = silu;
+  swiglu.alpha = 1.702f;
+  swiglu.clamp_limit = 7.0f;
+  moecore::ActivationSpec relu2 = silu;
+  relu2.gated = false;
+  relu2.kind = moecore::Activation::RELU2;
+  return {{"silu gated", 8192, 768, silu},
+          {"clamped swiglu", 4096, 2880, swiglu},
+          {"relu2", 8192, 768, relu2}};
+}
+
+void time_epilogues(int repeats) {
+  std::printf("\n%-12s %-26s %-12s %10s %10s %8s\n", "rows x I", "epilogue", "level", "ms",
+              "ns/value", "speedup");
+  for (const Epilogue& ep : epilogues()) {
+    const int64_t width = ep.spec.gated ? 2 * ep.inter : ep.inter;
+    std::mt19937 rng(2);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> in(static_cast<size_t>(ep.rows * width));
+    for (float& v : in) v = normal(rng);
+    std::vector<float> out(static_cast<size_t>(ep.rows * ep.inter));
+    double scalar_ms = 0.0;
+    for (IsaLevel level : moecore::available_isa_levels()) {
+      if (level > IsaLevel::kAvx512) continue;  // higher levels use the avx512 row
+      const moecore::ActivationFn row = moecore::activation_kernel(level);
+      std::vector<double> ms;
+      for (int r = 0; r < repeats; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        row(ep.spec, in.data(), width, out.data(), ep.inter, ep.rows, ep.inter, 0, ep.inter);
+        const auto t1 = std::chrono::steady_clock::now();
+        ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      }
+      const double t = median(ms);
+      if (level == IsaLevel::kScalar) scalar_ms = t;
+      const std::string shape = std::to_string(ep.rows) + "x" + std::to_string(ep.inter);
+      std::printf("%-12s %-26s %-12s %10.3f %10.3f %7.1fx\n", shape.c_str(), ep.name,
+                  moecore::isa_level_name(level), t,
+                  t * 1e6 / static_cast<double>(ep.rows * ep.inter), scalar_ms / t);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,5 +143,6 @@ int main(int argc, char** argv) {
       }
     }
   }
+  time_epilogues(repeats);
   return 0;
 }

@@ -1,4 +1,5 @@
-// Scalar activation epilogues (fp32 math, std:: functions; one rounding point per contract).
+// Scalar activation epilogues, the reference row of the table (fp32 math, exp_f32 for σ and std::
+// functions for gelu; one rounding point per contract), and the table itself.
 #include "moecore/kernels/activation.h"
 
 #include <algorithm>
@@ -6,10 +7,11 @@
 
 #include "moecore/core/error.h"
 #include "moecore/kernels/convert.h"
+#include "moecore/kernels/exp_f32.h"
 
 namespace moecore {
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float silu(float x) { return x / (1.0f + exp_f32(-x)); }
 float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 float gelu_tanh(float x) {
   const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
@@ -34,8 +36,9 @@ float unary(Activation kind, float x) {
   MOECORE_INTERNAL_CHECK(false, "unknown activation");
 }
 
-// Columns of gate[i] and up[i] in a GEMM1 output row of 2·inter values.
-int64_t gate_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
+}  // namespace
+
+int64_t activation_gate_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
   switch (spec.layout) {
     case GateUpLayout::kGateUp:
       return i;
@@ -43,10 +46,13 @@ int64_t gate_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
       return inter + i;
     case GateUpLayout::kUpGateInterleaved:
       return (2 * (i / spec.interleave_group) + 1) * spec.interleave_group + i % spec.interleave_group;
+    case GateUpLayout::kGateUpPairs:
+      return 2 * i;
   }
   return i;
 }
-int64_t up_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
+
+int64_t activation_up_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
   switch (spec.layout) {
     case GateUpLayout::kGateUp:
       return inter + i;
@@ -54,11 +60,11 @@ int64_t up_column(const ActivationSpec& spec, int64_t i, int64_t inter) {
       return i;
     case GateUpLayout::kUpGateInterleaved:
       return 2 * (i / spec.interleave_group) * spec.interleave_group + i % spec.interleave_group;
+    case GateUpLayout::kGateUpPairs:
+      return 2 * i + 1;
   }
   return inter + i;
 }
-
-}  // namespace
 
 void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin, float* out,
                       int64_t ldout, int64_t rows, int64_t inter) {
@@ -66,15 +72,14 @@ void apply_activation(const ActivationSpec& spec, const float* in, int64_t ldin,
 }
 
 int64_t activation_column_align(const ActivationSpec& spec) {
-  const bool interleaved =
-      spec.gated && !spec.alpha && spec.layout == GateUpLayout::kUpGateInterleaved;
+  const bool interleaved = spec.gated && spec.layout == GateUpLayout::kUpGateInterleaved;
   return interleaved ? spec.interleave_group : 1;
 }
 
 std::array<ColumnSpan, 2> activation_gemm1_spans(const ActivationSpec& spec, int64_t inter,
                                                  int64_t col0, int64_t cols) {
   if (!spec.gated) return {ColumnSpan{col0, cols}, ColumnSpan{}};
-  if (spec.alpha || spec.layout == GateUpLayout::kUpGateInterleaved)
+  if (spec.layout == GateUpLayout::kGateUpPairs || spec.layout == GateUpLayout::kUpGateInterleaved)
     return {ColumnSpan{2 * col0, 2 * cols}, ColumnSpan{}};
   return {ColumnSpan{col0, cols}, ColumnSpan{inter + col0, cols}};  // either order of halves
 }
@@ -87,19 +92,20 @@ void apply_activation_block(const ActivationSpec& spec, const float* in, int64_t
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = in + r * ldin;
     float* y = out + r * ldout - col0;  // y[i] for i in [col0, end)
-    if (spec.alpha) {
+    if (!spec.gated) {
+      for (int64_t i = col0; i < end; ++i) y[i] = round_to(rd, unary(spec.kind, x[i]));
+    } else if (spec.alpha) {
       const float alpha = *spec.alpha, limit = spec.clamp_limit;
       for (int64_t i = col0; i < end; ++i) {
-        const float gate = std::min(x[2 * i], limit);
-        const float up = std::clamp(x[2 * i + 1], -limit, limit);
-        const float glu = gate / (1.0f + std::exp(-alpha * gate));
+        const float gate = std::min(x[activation_gate_column(spec, i, inter)], limit);
+        const float up = std::clamp(x[activation_up_column(spec, i, inter)], -limit, limit);
+        const float glu = gate / (1.0f + exp_f32(-alpha * gate));
         y[i] = round_to(rd, glu * (up + spec.beta));
       }
-    } else if (!spec.gated) {
-      for (int64_t i = col0; i < end; ++i) y[i] = round_to(rd, unary(spec.kind, x[i]));
     } else {
       for (int64_t i = col0; i < end; ++i) {
-        float gate = x[gate_column(spec, i, inter)], up = x[up_column(spec, i, inter)];
+        float gate = x[activation_gate_column(spec, i, inter)];
+        float up = x[activation_up_column(spec, i, inter)];
         if (spec.swiglu_limit) {
           gate = std::min(gate, *spec.swiglu_limit);
           up = std::clamp(up, -*spec.swiglu_limit, *spec.swiglu_limit);
@@ -110,6 +116,17 @@ void apply_activation_block(const ActivationSpec& spec, const float* in, int64_t
       }
     }
   }
+}
+
+// Rows are named explicitly (a missing ISA file is a link error, not a silent gap).
+ActivationFn activation_kernel(IsaLevel level) {
+#ifdef MOECORE_COMPILED_AVX512
+  if (level >= IsaLevel::kAvx512) return apply_activation_block_avx512;
+#endif
+#ifdef MOECORE_COMPILED_AVX2
+  if (level >= IsaLevel::kAvx2) return apply_activation_block_avx2;
+#endif
+  return apply_activation_block;
 }
 
 }  // namespace moecore

@@ -283,6 +283,10 @@ int64_t scaled_gemm_min_call_columns(ScaledGemmFn kernel) {
   return kernel_row(kernel, "scaled_gemm_min_call_columns").min_call_columns;
 }
 
+IsaLevel scaled_gemm_kernel_level(ScaledGemmFn kernel) {
+  return kernel_row(kernel, "scaled_gemm_kernel_level").level;
+}
+
 const char* scaled_gemm_kernel_name(ScaledGemmFn kernel) {
   return kernel_row(kernel, "scaled_gemm_kernel_name").name;
 }

@@ -241,6 +241,9 @@ bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel);
 /// rows once per 512 weight rows, so narrower calls spend more on packing than on the tiles.
 int64_t scaled_gemm_min_call_columns(ScaledGemmFn kernel);
 
+/// The ISA level row `kernel` (a row of this build) needs: the level its epilogues run at.
+IsaLevel scaled_gemm_kernel_level(ScaledGemmFn kernel);
+
 /// The name of row `kernel` (a row of this build): its ISA level's name ("scalar" … "amx"), or
 /// "amx_float_tiles".
 const char* scaled_gemm_kernel_name(ScaledGemmFn kernel);

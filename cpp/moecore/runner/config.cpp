@@ -38,6 +38,7 @@ ActivationSpec activation_spec(const MoeRunnerConfig& c, const char* api) {
                   api, ": expected finite gemm1_alpha and a positive gemm1_clamp_limit, got ",
                   *c.gemm1_alpha, " and ", *c.gemm1_clamp_limit);
     spec.alpha = c.gemm1_alpha;
+    spec.layout = GateUpLayout::kGateUpPairs;  // GPT-OSS's interleaved w13 rows
     spec.clamp_limit = *c.gemm1_clamp_limit;
     spec.beta = c.gemm1_beta.value_or(1.0f);
   }

@@ -508,6 +508,7 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
   float* s2 = quantize2 ? grown(ws.scales2_, count * g2.scales_per_row) : nullptr;
   ActivationSpec rounded = mlp.activation;
   rounded.round_dtype = mlp.act_dtype;
+  const ActivationFn activate = activation_kernel(scaled_gemm_kernel_level(mlp.gemm));
   const int64_t w1_bytes = weight_row_bytes(g1.weight) * (n1 / inter);
   plan_items(rows, inter, w1_bytes, gemm1_column_align(mlp, quantize2),
              scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_, ws.part_begin_);
@@ -526,7 +527,7 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
                        bias_rows + part * n1);
         }
         float* act = h2 + r0 * inter + col0;
-        apply_activation_block(rounded, block, n1, act, inter, m, inter, col0, cols);
+        activate(rounded, block, n1, act, inter, m, inter, col0, cols);
         if (!quantize2) return;
         // A rule with one scale per row writes the same scale from every block of the row: the
         // row's first block stores it, the others write a scale of their own (no shared write).

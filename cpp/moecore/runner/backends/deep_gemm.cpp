@@ -375,6 +375,7 @@ void run_expert_rows(const DeepGemmMlp& mlp, const FlatRows& io, DeepGemmWorkspa
     for (int64_t r = 0; r < s.rows; r += kRowsPerItem)
       ws.items.push_back({s.expert, s.row + r, std::min(kRowsPerItem, s.rows - r)});
   const float* table = fp8_e4m3_table();
+  const ActivationFn activate = activation_kernel(scaled_gemm_kernel_level(mlp.gemm));
   auto run_items = [&](int64_t part, int64_t begin, int64_t end) {
     DeepGemmWorkspace::Part& b = ws.parts[static_cast<size_t>(part)];
     for (int64_t it = begin; it < end; ++it) {
@@ -395,7 +396,7 @@ void run_expert_rows(const DeepGemmMlp& mlp, const FlatRows& io, DeepGemmWorkspa
       }
       mlp.gemm(c1, m, w.w13, e, 0, 2 * I, b.h1.data(), 2 * I);
       round_in_place(b.h1.data(), m * 2 * I, DType::kBF16);
-      apply_activation(mlp.spec, b.h1.data(), 2 * I, b.act.data(), I, m, I);
+      activate(mlp.spec, b.h1.data(), 2 * I, b.act.data(), I, m, I, 0, I);
       ActivationCodes c2;  // fp8 code values or the bf16-rounded activation: bf16-exact
       c2.codes = b.act.data();
       c2.ld = I;

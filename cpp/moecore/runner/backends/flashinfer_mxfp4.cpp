@@ -21,7 +21,7 @@
 //     fc1 output). Rows [0, N) of fc1 are `up`, rows [N, 2N) are `gate` (halved [up; gate]).
 //   activation (fp32, one rounding to bf16): with swiglu tensors g = min(gate, L[e]),
 //     u = clamp(up, −L[e], L[e]), h2 = bf16(g · σ(α[e]·g) · (u + β[e])), σ(z) = 1/(1 + exp(−z));
-//     without them h2 = bf16(silu(gate) · up).
+//     without them h2 = bf16(silu(gate) · up) (the activation table's rows: kernels/activation.h).
 //   GEMM2: y = bf16(fp32 Σ_n h2[n]·W2[h, n]) — no bias yet (stored per (token, slot)).
 //   finalize (TRT-LLM's unfused finalizeMoeRouting): out[t, h] = bf16(Σ_j w_j · (y_j[h] + b2[h]))
 //     in fp32, slots j in increasing order, starting from +0; the routed weight applies exactly
@@ -49,6 +49,7 @@
 #include "moecore/core/thread_pool.h"
 #include "moecore/formats/e8m0.h"
 #include "moecore/formats/layout.h"
+#include "moecore/kernels/activation.h"
 #include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/quant/quant_info.h"
@@ -455,29 +456,24 @@ void run_moe(const Mxfp4Moe& m, const Mxfp4Tokens& in, Mxfp4Workspace& ws, const
   float* h1 = ws.h1.data();
   float* h2 = ws.h2.data();
   expert_gemm(m.w13, m.w13_bias, m.gemm, a1, k, h1, 2 * n, ws);
+  // Rows come grouped by expert: each run of one expert's rows is one call of the activation
+  // row, its spec carrying the expert's α, β and limit when the layer has them.
+  ActivationSpec spec;
+  spec.layout = GateUpLayout::kUpGate;
+  spec.round_dtype = DType::kBF16;
   const bool swiglu = m.swiglu_alpha.data != nullptr;
+  const ActivationFn activate = activation_kernel(scaled_gemm_kernel_level(m.gemm));
   parallel_for(rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t e = expert_of_row[r];
-      const float* up = h1 + r * 2 * n;
-      const float* gate = up + n;
-      float* dst = h2 + r * n;
+    for (int64_t r0 = begin, r1; r0 < end; r0 = r1) {
+      const int64_t e = expert_of_row[r0];
+      for (r1 = r0 + 1; r1 < end && expert_of_row[r1] == e;) ++r1;
+      ActivationSpec expert_spec = spec;
       if (swiglu) {
-        const float alpha = m.swiglu_alpha.ptr<float>()[e];
-        const float beta = m.swiglu_beta.ptr<float>()[e];
-        const float limit = m.swiglu_limit.ptr<float>()[e];
-        for (int64_t i = 0; i < n; ++i) {
-          const float gt = std::min(gate[i], limit);
-          const float u = std::clamp(up[i], -limit, limit);
-          const float glu = gt / (1.0f + std::exp(-(alpha * gt)));
-          dst[i] = round_to(DType::kBF16, glu * (u + beta));
-        }
-      } else {
-        for (int64_t i = 0; i < n; ++i) {
-          const float glu = gate[i] / (1.0f + std::exp(-gate[i]));
-          dst[i] = round_to(DType::kBF16, glu * up[i]);
-        }
+        expert_spec.alpha = m.swiglu_alpha.ptr<float>()[e];
+        expert_spec.beta = m.swiglu_beta.ptr<float>()[e];
+        expert_spec.clamp_limit = m.swiglu_limit.ptr<float>()[e];
       }
+      activate(expert_spec, h1 + r0 * 2 * n, 2 * n, h2 + r0 * n, n, r1 - r0, n, 0, n);
     }
   });
   float* y = ws.y.data();
