@@ -36,28 +36,17 @@ float per_tensor_or_channel_scale(const TensorView& scale, int64_t e, int64_t ro
 
 }  // namespace
 
-void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
-                       int64_t stride) {
-  switch (w.coding) {
-    case WeightCoding::kFp8:
-      if (w.block_k > 0) {
-        const float* blocks = static_cast<const float*>(w.scale.at({e, row / w.block_n, 0}));
-        for (int64_t b = 0; b < w.num_k_blocks(); ++b)
-          scales[b * stride] = blocks[b * w.scale.strides[2]];
-      } else {
-        scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
-      }
-      return;
-    case WeightCoding::kInt8:
-      scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
-      return;
-    case WeightCoding::kDense:
-    case WeightCoding::kNvfp4:
-    case WeightCoding::kMxfp4:
-      scales[0] = 1.0f;
-      return;
+void stored_weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
+                              int64_t stride) {
+  if (w.coding == WeightCoding::kInt8) {
+    scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
+  } else if (w.block_k > 0) {  // fp8 blocks
+    const float* blocks = static_cast<const float*>(w.scale.at({e, row / w.block_n, 0}));
+    for (int64_t b = 0; b < w.num_k_blocks(); ++b)
+      scales[b * stride] = blocks[b * w.scale.strides[2]];
+  } else {  // fp8 per tensor or channel
+    scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
   }
-  MOECORE_INTERNAL_CHECK(false, "unknown weight coding");
 }
 
 float fp4_block_scale(WeightCoding coding, uint8_t code) {

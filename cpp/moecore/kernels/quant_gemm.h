@@ -52,9 +52,16 @@ struct WeightOperand {
 void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* codes,
                        float* scales);
 /// The scales of that row alone (1 where the coding folds them into codes): block b's at
-/// scales[b · stride], b < num_k_blocks().
-void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
-                       int64_t stride = 1);
+/// scales[b · stride], b < num_k_blocks(). Inline where they are 1: a decode walk asks for every
+/// channel it binds.
+void stored_weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
+                              int64_t stride);
+inline void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
+                              int64_t stride = 1) {
+  if (w.coding == WeightCoding::kFp8 || w.coding == WeightCoding::kInt8)
+    return stored_weight_row_scales(w, e, row, scales, stride);
+  scales[0] = 1.0f;  // bf16 / f16 / f32, and fp4 (block scales folded into the codes)
+}
 /// Elements per fp4 block scale: 16 (kNvfp4, e4m3 scales) or 32 (kMxfp4, e8m0 scales).
 inline int64_t fp4_group_size(WeightCoding coding) { return coding == WeightCoding::kNvfp4 ? 16 : 32; }
 /// The fp32 value of one fp4 block-scale code of `coding`.

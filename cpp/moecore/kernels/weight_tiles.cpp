@@ -64,10 +64,6 @@ Tensor pack_weight_tiles(const TensorView& data, TileLayout layout) {
   return tiles;
 }
 
-const uint8_t* weight_tile_row(const TensorView& tiles, int64_t e, int64_t r) {
-  return static_cast<const uint8_t*>(tiles.at({e, r / kWeightTileRows, 0, r % kWeightTileRows, 0}));
-}
-
 void WeightTileSet::pack(const Tensor& weights, TileLayout layout) {
   if (!weights.defined() || find(weights.view(), layout).data != nullptr) return;
   entries_.push_back({weights, pack_weight_tiles(weights.view(), layout), layout});
