@@ -464,9 +464,9 @@ void run_moe(const Mxfp4Moe& m, const Mxfp4Tokens& in, Mxfp4Workspace& ws, const
   const bool swiglu = m.swiglu_alpha.data != nullptr;
   const ActivationFn activate = activation_kernel(scaled_gemm_kernel_level(m.gemm));
   parallel_for(rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r0 = begin, r1; r0 < end; r0 = r1) {
+    for (int64_t r0 = begin, r1 = begin; r0 < end; r0 = r1) {
       const int64_t e = expert_of_row[r0];
-      for (r1 = r0 + 1; r1 < end && expert_of_row[r1] == e;) ++r1;
+      while (r1 < end && expert_of_row[r1] == e) ++r1;
       ActivationSpec expert_spec = spec;
       if (swiglu) {
         expert_spec.alpha = m.swiglu_alpha.ptr<float>()[e];
