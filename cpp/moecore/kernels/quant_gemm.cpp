@@ -38,6 +38,8 @@ float per_tensor_or_channel_scale(const TensorView& scale, int64_t e, int64_t ro
 
 void stored_weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
                               int64_t stride) {
+  MOECORE_INTERNAL_CHECK(w.coding == WeightCoding::kFp8 || w.coding == WeightCoding::kInt8,
+                         "stored_weight_row_scales: the coding stores no scales");
   if (w.coding == WeightCoding::kInt8) {
     scales[0] = per_tensor_or_channel_scale(w.scale, e, row);
   } else if (w.block_k > 0) {  // fp8 blocks

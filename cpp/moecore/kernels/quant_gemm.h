@@ -53,7 +53,7 @@ void decode_weight_row(const WeightOperand& w, int64_t e, int64_t row, float* co
                        float* scales);
 /// The scales of that row alone (1 where the coding folds them into codes): block b's at
 /// scales[b · stride], b < num_k_blocks(). Inline where they are 1: a decode walk asks for every
-/// channel it binds.
+/// channel it binds. stored_weight_row_scales: the same for fp8 and int8, which store them.
 void stored_weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
                               int64_t stride);
 inline void weight_row_scales(const WeightOperand& w, int64_t e, int64_t row, float* scales,
