@@ -559,5 +559,60 @@ TEST(ExpertScheduleTest, SummedGemm2GivesTheBitsOfSlotRowsThenCombine) {
   ThreadPool::instance().set_num_threads(available_cpus());
 }
 
+// The summed phase sums a token's block in whichever GEMM2 item finishes the token's last row of
+// it, and gives tokens without rows their zeros from the items' threads: the same bits as slot
+// rows then combine_topk (compared bit for bit, so −0 counts) for tokens with every slot −1, a
+// slot routed to an expert with no rows here (as expert parallelism drops them), the same
+// expert twice in one token, a batch with no row at all, and many column blocks per expert on
+// 1, 2, 5 and 8 threads, repeated to give the decrements different interleavings.
+TEST(ExpertScheduleTest, SummedGemm2SumsInTheItemThatFinishesAToken) {
+  std::mt19937 rng(41);
+  MoeProblem p = make_problem(rng, 13, 6, 160, 32, 4, DType::kBF16);
+  int32_t* ids = p.topk_ids.ptr<int32_t>();
+  for (int64_t j = 0; j < p.k; ++j) ids[2 * p.k + j] = -1;  // token 2: no slot
+  ids[5 * p.k + 3] = ids[5 * p.k + 1];                       // token 5: one expert twice
+  const ExpertWeights w = check_expert_weights("test", p.w13, p.w2, Tensor(), Tensor(), true);
+  const ExpertMlp mlp =
+      dense_expert_mlp(w, ActivationSpec{}, scaled_gemm_kernel(current_isa_level()));
+  const RoutedTokens tokens =
+      check_routed_tokens("test", p.x, StandardTopKOutput{p.topk_weights, p.topk_ids, {}}, w);
+  // Expert `dropped`'s rows removed from the map (−1: none; E: every row).
+  auto rows_without = [&](int64_t dropped) {
+    ExpertRowMap rows;
+    rows.group_slots(tokens, p.E, /*with_scale=*/true);
+    const int64_t first = dropped < p.E ? rows.offsets[dropped] : 0;
+    const int64_t last = dropped < 0 ? first : dropped < p.E ? rows.offsets[dropped + 1] : rows.rows();
+    for (auto* v : {&rows.source, &rows.dest}) v->erase(v->begin() + first, v->begin() + last);
+    rows.scale.erase(rows.scale.begin() + first, rows.scale.begin() + last);
+    for (int64_t e = 1; e <= p.E; ++e)
+      rows.offsets[e] -= std::clamp(rows.offsets[e] - first, int64_t{0}, last - first);
+    return rows;
+  };
+  for (int64_t dropped : {int64_t{-1}, int64_t{3}, p.E})
+    for (bool weighted : {false, true})
+      for (int threads : {1, 2, 5, 8})
+        for (int repeat = 0; repeat < 4; ++repeat) {
+          SCOPED_TRACE(::testing::Message() << "dropped=" << dropped << " weighted=" << weighted
+                                            << " threads=" << threads);
+          ThreadPool::instance().set_num_threads(threads);
+          const RowScaleAt scale_at = weighted ? RowScaleAt::kNone : RowScaleAt::kGemm2;
+          ExpertWorkspace ws;
+          ws.rows = rows_without(dropped);
+          expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
+          const Tensor slots = Tensor::zeros({p.T, p.k, p.H}, DType::kBF16);
+          expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots.view()));
+          const Tensor want = Tensor::empty({p.T, p.H}, DType::kBF16);
+          combine_topk(tokens, slots.view(), weighted, -0.5f, want.view());
+          Tensor got = Tensor::empty({p.T, p.H}, DType::kBF16);
+          std::memset(got.view().data, 0x7f, static_cast<size_t>(p.T * p.H * 2));  // overwritten
+          expert_gemm2_summed_phase(mlp, ws, scale_at,
+                                    TopkSum{&tokens, weighted, -0.5f, got.view()});
+          ASSERT_EQ(std::memcmp(got.view().data, want.view().data,
+                                static_cast<size_t>(p.T * p.H * 2)),
+                    0);
+        }
+  ThreadPool::instance().set_num_threads(available_cpus());
+}
+
 }  // namespace
 }  // namespace moecore

@@ -401,22 +401,29 @@ void finish_block(const ExpertMlp& mlp, const ExpertGemm& g, const ExpertRowMap&
   }
 }
 
+// A for_each_item tail that does nothing.
+struct NoPartTail {
+  void operator()(int64_t, int64_t) const {}
+};
+
 // Runs the planned items on the pool: body(part, item, codes) with `in` narrowed to the item's
-// expert rows and pointed at the part's scratch.
-template <typename Body>
+// expert rows and pointed at the part's scratch; then tail(part, parts) on the part's thread.
+template <typename Body, typename Tail = NoPartTail>
 void for_each_item(const ActivationCodes& in, const ExpertRowMap& rows,
                    const std::vector<ExpertWorkspace::Item>& items,
                    const std::vector<int64_t>& part_begin, std::vector<GemmScratch>& scratch,
-                   const Body& body) {
+                   const Body& body, const Tail& tail = {}) {
   const int64_t parts = static_cast<int64_t>(part_begin.size()) - 1;
   if (static_cast<int64_t>(scratch.size()) < parts) scratch.resize(static_cast<size_t>(parts));
   parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
-    for (int64_t p = first_part; p < end_part; ++p)
+    for (int64_t p = first_part; p < end_part; ++p) {
       for (int64_t i = part_begin[p]; i < part_begin[p + 1]; ++i) {
         ActivationCodes a = activation_rows_from(in, rows.offsets[items[i].expert]);
         a.scratch = &scratch[p];
         body(p, items[i], a);
       }
+      tail(p, parts);
+    }
   });
 }
 
@@ -453,6 +460,65 @@ int64_t max_items(const WeightOperand& w) {
 
 }  // namespace
 
+// GEMM2's (expert, H column block) items over ws.rows, planned at construction (GEMM2's input
+// quantized first where GEMM1's epilogue did not): each computes its rows' block into the
+// workspace's y rows, + b2 (× scale if kGemm2), rounded. Both forms of phase 2 run them, each
+// with its own epilogue.
+struct Gemm2Items {
+  ExpertWorkspace& ws;
+  ActivationCodes in;
+  int64_t block_cols = 0;  // every block's width but an expert's last, which may be narrower
+
+  Gemm2Items(const ExpertMlp& mlp, ExpertWorkspace& workspace) : ws(workspace) {
+    const ExpertGemm& g2 = mlp.gemm2;
+    const int64_t n = g2.weight.n;
+    grown(ws.y_, ws.rows.rows() * n);
+    const bool quantized_in_gemm1 = g2.quantize && g2.quantize_segment > 0;
+    in = input_codes(g2, mlp.act_dtype, ws.h2_.data(), ws.rows.rows(), ws.scales2_,
+                     quantized_in_gemm1);
+    in.tag = new_activation_tag();
+    plan_items(ws.rows, n, weight_row_bytes(g2.weight), kColumnAlign,
+               scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_,
+               ws.part_begin_);
+    block_cols = ws.items_.empty() ? n : ws.items_.front().cols;
+  }
+
+  const float* y() const { return ws.y_.data(); }
+
+  // Runs the items: done(item) once the item's rows are final (y rows of GEMM2's N columns),
+  // then tail(part, parts) after each part's items, on its thread.
+  template <typename Done, typename Tail = NoPartTail>
+  void run(const ExpertMlp& mlp, RowScaleAt scale_at, const Done& done,
+           const Tail& tail = {}) {
+    const ExpertGemm& g2 = mlp.gemm2;
+    const ExpertRowMap& rows = ws.rows;
+    const int64_t n = g2.weight.n;
+    float* y = ws.y_.data();
+    float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n);
+    for_each_item(
+        in, rows, ws.items_, ws.part_begin_, ws.scratch_,
+        [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {
+          const auto [e, c0, cols] = item;
+          const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
+          float* block = y + r0 * n + c0;
+          mlp.gemm(a, m, g2.weight, e, c0, cols, block, n);
+          finish_block(mlp, g2, rows, e, r0, m, c0, cols, scale_at == RowScaleAt::kGemm2, block,
+                       n, bias_rows + part * n);
+          done(item);
+        },
+        tail);
+  }
+
+  // The workspace's per-(token, block) counters, grown to at least `count`.
+  static std::atomic<int32_t>* pending_rows(ExpertWorkspace& ws, int64_t count) {
+    if (ws.pending_rows_size_ < count) {
+      ws.pending_rows_ = std::make_unique<std::atomic<int32_t>[]>(static_cast<size_t>(count));
+      ws.pending_rows_size_ = count;
+    }
+    return ws.pending_rows_.get();
+  }
+};
+
 void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
   const int64_t parts = schedule_parts();
   const WeightOperand& w1 = mlp.gemm1.weight;
@@ -467,6 +533,9 @@ void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
   grown(scales1_, max_rows * mlp.gemm1.scales_per_row);
   grown(scales2_, max_rows * mlp.gemm2.scales_per_row);
   grown(bias_, parts * std::max(w1.n, w2.n));
+  // Backends reserve T·k rows for calls of T tokens, and GEMM2's column blocks are at least
+  // kColumnAlign wide.
+  Gemm2Items::pending_rows(*this, max_rows * ceil_div(w2.n, kColumnAlign));
   items_.reserve(static_cast<size_t>(std::max(max_items(w1), max_items(w2))));
   part_begin_.reserve(static_cast<size_t>(parts + 1));
   if (static_cast<int64_t>(scratch_.size()) < parts) scratch_.resize(static_cast<size_t>(parts));
@@ -548,57 +617,55 @@ const float* expert_activations(const ExpertWorkspace& ws) { return ws.h2_.data(
 void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                         const TensorView& out) {
   const ExpertRowMap& rows = ws.rows;
-  const ExpertGemm& g2 = mlp.gemm2;
-  const int64_t count = rows.rows(), n = g2.weight.n;
-  float* y = grown(ws.y_, count * n);
-  const bool quantized_in_gemm1 = g2.quantize && g2.quantize_segment > 0;
-  ActivationCodes in =
-      input_codes(g2, mlp.act_dtype, ws.h2_.data(), count, ws.scales2_, quantized_in_gemm1);
-  in.tag = new_activation_tag();
-  plan_items(rows, n, weight_row_bytes(g2.weight), kColumnAlign,
-             scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_, ws.part_begin_);
-  float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n);
-  for_each_item(in, rows, ws.items_, ws.part_begin_, ws.scratch_,
-                [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {
-                  const auto [e, c0, cols] = item;
-                  const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
-                  float* block = y + r0 * n + c0;
-                  mlp.gemm(a, m, g2.weight, e, c0, cols, block, n);
-                  finish_block(mlp, g2, rows, e, r0, m, c0, cols, scale_at == RowScaleAt::kGemm2,
-                               block, n, bias_rows + part * n);
-                  if (out.data == nullptr) return;
-                  for (int64_t r = 0; r < m; ++r)
-                    store_f32(block + r * n, cols, mlp.act_dtype, out.at({rows.dest[r0 + r], c0}));
-                });
+  const int64_t n = mlp.gemm2.weight.n;
+  Gemm2Items items(mlp, ws);
+  items.run(mlp, scale_at, [&](const ExpertWorkspace::Item& item) {
+    if (out.data == nullptr) return;
+    const auto [e, c0, cols] = item;
+    for (int64_t r = rows.offsets[e]; r < rows.offsets[e + 1]; ++r)
+      store_f32(items.y() + r * n + c0, cols, mlp.act_dtype, out.at({rows.dest[r], c0}));
+  });
 }
 
 namespace {
 
 constexpr int64_t kCombineChunk = 512;  // hidden elements per stack chunk of the combine
 
-// The combine's arithmetic, in parallel over tokens: out[t] = round(rsf · Σ_j v[t, j]
-// (× w[t, j] if weighted)) over slots j with id ≥ 0 in increasing j, in fp32 (each element's
-// sum is independent, so in column chunks). slot(t, j, h0, width, buf) gives slot (t, j)'s values
-// [h0, h0 + width), written into buf when they need converting.
+// The combine's arithmetic for token t's columns [h0, h0 + width ≤ kCombineChunk):
+// out[t] = round(rsf · Σ_j v[t, j] (× w[t, j] if weighted)) over slots j with id ≥ 0 in
+// increasing j, in fp32 (each element's sum is independent, so any column range gives the same
+// bits). slot(t, j, h0, width, buf) gives slot (t, j)'s values [h0, h0 + width), written into buf
+// when they need converting.
+template <typename SlotValues>
+void sum_token_columns(const RoutedTokens& tokens, int64_t t, int64_t h0, int64_t width,
+                       bool weighted, float rsf, const TensorView& out, const SlotValues& slot) {
+  float acc[kCombineChunk], buf[kCombineChunk];
+  std::fill(acc, acc + width, 0.0f);
+  for (int64_t j = 0; j < tokens.top_k; ++j) {
+    if (tokens.id(t, j) < 0) continue;
+    const float* v = slot(t, j, h0, width, buf);
+    const float w = weighted ? tokens.weight(t, j) : 1.0f;
+    for (int64_t h = 0; h < width; ++h) acc[h] += weighted ? v[h] * w : v[h];
+  }
+  for (int64_t h = 0; h < width; ++h) acc[h] *= rsf;
+  store_f32(acc, width, out.dtype, out.at({t, h0}));
+}
+
+// The same over columns [c0, c1) of token t, in chunks.
+template <typename SlotValues>
+void sum_token_span(const RoutedTokens& tokens, int64_t t, int64_t c0, int64_t c1, bool weighted,
+                    float rsf, const TensorView& out, const SlotValues& slot) {
+  for (int64_t h0 = c0; h0 < c1; h0 += kCombineChunk)
+    sum_token_columns(tokens, t, h0, std::min(kCombineChunk, c1 - h0), weighted, rsf, out, slot);
+}
+
+// The combine over every token, in parallel over tokens.
 template <typename SlotValues>
 void sum_top_k(const RoutedTokens& tokens, bool weighted, float rsf, const TensorView& out,
                const SlotValues& slot) {
-  const int64_t hidden = out.shape[1];
   parallel_for(tokens.num_tokens, [&](int64_t begin, int64_t end) {
-    float acc[kCombineChunk], buf[kCombineChunk];
     for (int64_t t = begin; t < end; ++t)
-      for (int64_t h0 = 0; h0 < hidden; h0 += kCombineChunk) {
-        const int64_t width = std::min(kCombineChunk, hidden - h0);
-        std::fill(acc, acc + width, 0.0f);
-        for (int64_t j = 0; j < tokens.top_k; ++j) {
-          if (tokens.id(t, j) < 0) continue;
-          const float* v = slot(t, j, h0, width, buf);
-          const float w = weighted ? tokens.weight(t, j) : 1.0f;
-          for (int64_t h = 0; h < width; ++h) acc[h] += weighted ? v[h] * w : v[h];
-        }
-        for (int64_t h = 0; h < width; ++h) acc[h] *= rsf;
-        store_f32(acc, width, out.dtype, out.at({t, h0}));
-      }
+      sum_token_span(tokens, t, 0, out.shape[1], weighted, rsf, out, slot);
   });
 }
 
@@ -606,25 +673,51 @@ void sum_top_k(const RoutedTokens& tokens, bool weighted, float rsf, const Tenso
 
 void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                                const TopkSum& sum) {
-  // GEMM2's usual items, then the sum as a step of its own over GEMM2's rows. Items spanning
-  // every hit expert could sum in their epilogue, but on the 16-core Xeon they were slower: 10 %
-  // at M = 16 on the DeepSeek slice, and 25 % on Qwen3-30B-A3B, whose weights then split into
-  // 3–5× more kernel calls (bench/RESULTS.md).
-  expert_gemm2_phase(mlp, ws, scale_at, TensorView{});
+  const RoutedTokens& tokens = *sum.tokens;
   const ExpertRowMap& rows = ws.rows;
-  const int64_t n = mlp.gemm2.weight.n;
-  const int64_t slots = sum.tokens->num_tokens * sum.tokens->top_k;
-  int64_t* slot_row = grown(ws.slot_row_, slots);
-  std::fill(slot_row, slot_row + slots, int64_t{-1});
+  const int64_t n = mlp.gemm2.weight.n, k = tokens.top_k, num_tokens = tokens.num_tokens;
+  int64_t* slot_row = grown(ws.slot_row_, num_tokens * k);
+  std::fill(slot_row, slot_row + num_tokens * k, int64_t{-1});
   for (int64_t r = 0; r < rows.rows(); ++r) slot_row[rows.dest[r]] = r;
-  const float* y = ws.y_.data();
-  sum_top_k(*sum.tokens, sum.weighted, sum.routed_scaling_factor, sum.out,
-            [&](int64_t t, int64_t j, int64_t h0, int64_t width, float* buf) -> const float* {
-              const int64_t r = slot_row[t * sum.tokens->top_k + j];
-              if (r >= 0) return y + r * n + h0;
-              std::fill(buf, buf + width, 0.0f);  // the zeros a stored slot row would hold
-              return buf;
-            });
+  auto rows_of = [&](int64_t t) {
+    int32_t count = 0;
+    for (int64_t j = 0; j < k; ++j) count += slot_row[t * k + j] >= 0;
+    return count;
+  };
+
+  Gemm2Items items(mlp, ws);
+  const int64_t blocks = ceil_div(n, items.block_cols);
+  std::atomic<int32_t>* pending = Gemm2Items::pending_rows(ws, num_tokens * blocks);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int32_t count = rows_of(t);
+    for (int64_t b = 0; b < blocks; ++b)
+      pending[t * blocks + b].store(count, std::memory_order_relaxed);
+  }  // (published to the items' threads by the pool's hand-off)
+  const float* y = items.y();
+  auto slot = [&](int64_t t, int64_t j, int64_t h0, int64_t width, float* buf) -> const float* {
+    const int64_t r = slot_row[t * k + j];
+    if (r >= 0) return y + r * n + h0;
+    std::fill(buf, buf + width, 0.0f);  // the zeros a stored slot row would hold
+    return buf;
+  };
+  items.run(
+      mlp, scale_at,
+      [&](const ExpertWorkspace::Item& item) {
+        const int64_t b = item.col / items.block_cols;
+        for (int64_t r = rows.offsets[item.expert]; r < rows.offsets[item.expert + 1]; ++r) {
+          const int64_t t = rows.dest[r] / k;
+          // acq_rel: the item that finishes the token's last row of the block sees every other
+          // item's rows of it, and sums them.
+          if (pending[t * blocks + b].fetch_sub(1, std::memory_order_acq_rel) == 1)
+            sum_token_span(tokens, t, item.col, item.col + item.cols, sum.weighted,
+                           sum.routed_scaling_factor, sum.out, slot);
+        }
+      },
+      [&](int64_t part, int64_t parts) {  // tokens with no row: their zeros, a share per part
+        for (int64_t t = num_tokens * part / parts; t < num_tokens * (part + 1) / parts; ++t)
+          if (rows_of(t) == 0)
+            sum_token_span(tokens, t, 0, n, sum.weighted, sum.routed_scaling_factor, sum.out, slot);
+      });
 }
 
 void run_expert_mlp(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,

@@ -4,8 +4,10 @@
 // composes these into its own contract.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -158,6 +160,7 @@ class SourceRowFn {
 };
 
 struct TopkSum;
+struct Gemm2Items;
 
 /// The buffers of the expert schedule, owned by a runner core or a fused func and reused across
 /// calls: they grow only when a call needs more, so a steady state allocates nothing. One call
@@ -184,9 +187,14 @@ class ExpertWorkspace {
   friend void expert_gemm2_summed_phase(const ExpertMlp&, ExpertWorkspace&, RowScaleAt,
                                         const TopkSum&);
   friend const float* expert_activations(const ExpertWorkspace&);
+  friend struct Gemm2Items;
   std::vector<float> a_, scales1_, h1_, h2_, scales2_, y_, bias_;
   std::vector<uint8_t> source_used_;
   std::vector<int64_t> slot_row_;  // the row of each slot t·k + j, or −1 (summed phase 2)
+  // Summed phase 2: per (token, GEMM2 column block), the token's rows not yet final; an array
+  // because atomics do not move (a vector could not grow it).
+  std::unique_ptr<std::atomic<int32_t>[]> pending_rows_;
+  int64_t pending_rows_size_ = 0;
   std::vector<Item> items_;
   std::vector<int64_t> part_begin_;
   std::vector<GemmScratch> scratch_;  // one per schedule part
@@ -226,9 +234,12 @@ struct TopkSum {
   float routed_scaling_factor = 1.0f;
   TensorView out;  // [T, H], rows contiguous
 };
-/// Phase 2 with the top-k sum and no per-slot rows: GEMM2's (expert, column block) items leave
-/// their rounded rows in the workspace, and a step over tokens sums each token's slots from
-/// there. ws.rows must map rows to slots (dest[r] = t·k + j: group_slots or from_block_layout).
+/// Phase 2 with the top-k sum in GEMM2's epilogue and no per-slot rows: GEMM2's (expert, column
+/// block) items leave their rounded rows in the workspace, and the item that finishes a token's
+/// last row of a column block sums the token's slots over that block from there (whichever item
+/// it is, the same arithmetic in slot order: the same bits). Tokens with no row get their zeros
+/// from the items' threads too, so the phase is one parallel step. ws.rows must map rows to slots
+/// (dest[r] = t·k + j: group_slots or from_block_layout).
 void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt scale_at,
                                const TopkSum& sum);
 
