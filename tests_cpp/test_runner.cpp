@@ -580,8 +580,12 @@ TEST(ExpertScheduleTest, SummedGemm2SumsInTheItemThatFinishesAToken) {
   auto rows_without = [&](int64_t dropped) {
     ExpertRowMap rows;
     rows.group_slots(tokens, p.E, /*with_scale=*/true);
-    const int64_t first = dropped < p.E ? rows.offsets[dropped] : 0;
-    const int64_t last = dropped < 0 ? first : dropped < p.E ? rows.offsets[dropped + 1] : rows.rows();
+    int64_t first = 0, last = 0;  // the rows dropped
+    if (dropped == p.E) last = rows.rows();
+    if (dropped >= 0 && dropped < p.E) {
+      first = rows.offsets[dropped];
+      last = rows.offsets[dropped + 1];
+    }
     for (auto* v : {&rows.source, &rows.dest}) v->erase(v->begin() + first, v->begin() + last);
     rows.scale.erase(rows.scale.begin() + first, rows.scale.begin() + last);
     for (int64_t e = 1; e <= p.E; ++e)
