@@ -166,17 +166,23 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   }
 };
 
-// Elements [k, k + 32) of channel c from index words whose bits 0–3 hold element k + j in word j:
-// one permute, or with 16-element groups (nvfp4) a second, masked one for words 16–31 from the
-// next block's table, unless only the first 16 elements are left (`whole` false: those words are
-// +0, and no scale past the row's end is read).
+// Elements [k, k + 32) of channel c from index words whose bits 0–3 hold element k + j in word j
+// (bit 4 is free: each table holds its 16 values twice): one permute of the block's table, or with
+// 16-element groups (nvfp4) one two-table permute, words 16–31 reading the next block's table
+// through index bit 5 (set there, cleared in words 0–15: one bit operation), unless only the first
+// 16 elements are left (`whole` false: those words are +0, and no scale past the row's end is
+// read). Two masked one-table permutes took up to 1.1× the time (Zen 4, nvfp4 calls of 2 to 24
+// rows; bench/RESULTS.md).
 template <int kGroup>
 inline __m512i fp4_bf16_step(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k,
                              __m512i nibbles, bool whole) {
   if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, stream.table(c, k));
-  const __m512i first = _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, stream.table(c, k));
-  if (!whole) return first;
-  return _mm512_mask_permutexvar_epi16(first, 0xffff0000, nibbles, stream.table(c, k + 16));
+  if (!whole) return _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, stream.table(c, k));
+  const __m512i bit5 = _mm512_set1_epi16(0x20);
+  const __m512i upper_words = _mm512_maskz_mov_epi16(0xffff0000, bit5);
+  // (nibbles & ~bit5) | upper_words
+  const __m512i index = _mm512_ternarylogic_epi32(nibbles, bit5, upper_words, 0xba);
+  return _mm512_permutex2var_epi16(stream.table(c, k), index, stream.table(c, k + 16));
 }
 
 // From the contract rows: word 2j of the index vector takes byte j's low nibble, word 2j + 1 its
