@@ -62,13 +62,15 @@ def chart(rows: list, path: str) -> None:
     import matplotlib.pyplot as plt
 
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    formats = list(dict.fromkeys(r["format"] for r in rows))  # one colour per format, every panel
     threads = max(r["threads"] for r in rows)
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 3.8), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
         for fmt in dict.fromkeys(r["format"] for r in rows if r["shape"] == shape):
             pts = sorted((r["tokens"], r["pct_bound"]) for r in rows
                          if r["shape"] == shape and r["format"] == fmt and r["threads"] == threads)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fmt)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fmt,
+                    color=f"C{formats.index(fmt) % 10}")
         ax.set_xscale("log")
         ax.set_ylim(bottom=0)
         ax.set_title(f"{shape} ({threads} threads)")
