@@ -508,14 +508,13 @@ void row_tile(const Call& call, const Dots& dots, int64_t r0, int rows, int64_t 
 // tiles of kRows rows.
 template <int C, int kRows, class Dots>
 void walk(const Call& call, Dots& dots) {
+  TileScales scales(call);
   dots.prefetch = WeightPrefetch::ahead_by(C * row_stride_bytes(call.w));
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
     const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
-    for (int c = 0; c < C; ++c) {
-      const int64_t row = call.n0 + c0 + std::min(c, nc - 1);
-      dots.stream.bind(c, call.w, call.e, row);
-      weight_row_scales(call.w, call.e, row, call.w_scales + c, kMaxChannels);
-    }
+    for (int c = 0; c < C; ++c)
+      dots.stream.bind(c, call.w, call.e, call.n0 + c0 + std::min(c, nc - 1));
+    scales.bind(call.n0 + c0, call.n0 + c0 + nc - 1);
     for (int64_t r0 = 0; r0 < call.m; r0 += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, call.m - r0));
       row_tile<C, kRows>(call, dots, r0, rows, c0, nc);

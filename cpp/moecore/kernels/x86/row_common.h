@@ -41,6 +41,35 @@ struct Call {
   }
 };
 
+/// The K-block scales of a walk's tile channels in call.w_scales (kMaxChannels apart), read only
+/// when a tile's rows leave the rows whose scales every channel already holds: an fp8 block row
+/// (block_n rows share one row of block scales), or every row where the coding has no row scales
+/// (bf16, fp4). fp8 blocks at M = 1 read them for every channel before, with a division each: 11 %
+/// of a Qwen3-30B-A3B layer's samples (Zen 4, bench/RESULTS.md).
+class TileScales {
+ public:
+  explicit TileScales(const Call& call) : call_(call) {}
+
+  /// Channels c < kMaxChannels bound to rows min(first + c, last).
+  void bind(int64_t first, int64_t last) {
+    if (first >= held_begin_ && last < held_end_) return;
+    const WeightOperand& w = call_.w;
+    for (int c = 0; c < kMaxChannels; ++c)
+      weight_row_scales(w, call_.e, std::min(first + c, last), call_.w_scales + c, kMaxChannels);
+    held_begin_ = held_end_ = 0;
+    if (w.coding != WeightCoding::kFp8 && w.coding != WeightCoding::kInt8) {
+      held_end_ = INT64_MAX;  // every row's scale is 1
+    } else if (w.block_n > 0 && first / w.block_n == last / w.block_n) {
+      held_begin_ = first / w.block_n * w.block_n;
+      held_end_ = held_begin_ + w.block_n;
+    }
+  }
+
+ private:
+  const Call& call_;
+  int64_t held_begin_ = 0, held_end_ = 0;  // every channel holds the scales of these rows
+};
+
 /// Where a dot loop prefetches the weights of the next tile: `lead` bytes on along each
 /// channel's stream, into L1 on Intel cores. On AMD cores, into L2 when the tile has more than
 /// one activation row, and not at all for one row of light lines (kLight: one instruction per

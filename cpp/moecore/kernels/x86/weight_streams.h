@@ -252,14 +252,13 @@ void walk(const Call& call, Dots& dots) {
   const int64_t row_tiles = (call.m + kRows - 1) / kRows;
   const int64_t short_rows = call.m / row_tiles, long_tiles = call.m % row_tiles;
   float* w_scales = call.w_scales;
+  TileScales scales(call);
   dots.prefetch = WeightPrefetch::ahead_by(dots.stream.lead(call.w, C));
   for (int64_t c0 = 0; c0 < call.n; c0 += C) {
     const int nc = static_cast<int>(std::min<int64_t>(C, call.n - c0));
-    for (int c = 0; c < C; ++c) {
-      const int64_t row = call.n0 + c0 + std::min(c, nc - 1);
-      dots.stream.bind(c, call.w, call.e, row);
-      weight_row_scales(call.w, call.e, row, w_scales + c, kMaxChannels);
-    }
+    for (int c = 0; c < C; ++c)
+      dots.stream.bind(c, call.w, call.e, call.n0 + c0 + std::min(c, nc - 1));
+    scales.bind(call.n0 + c0, call.n0 + c0 + nc - 1);
     for (int64_t t = 0, r0 = 0; t < row_tiles; ++t) {
       const int rows = static_cast<int>(short_rows + (t < long_tiles ? 1 : 0));
       row_tile<C>(call, dots, r0, rows, c0, nc, w_scales);
