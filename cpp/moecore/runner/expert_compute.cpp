@@ -330,6 +330,17 @@ T* grown(std::vector<T>& v, int64_t n) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// How many blocks plan_items cuts each hit expert's `columns` into, at most (their width rounds
+// up to `align`): enough to fit L2 and, with `hit` experts hit, for `parts` threads all to work.
+// The most when one expert is hit.
+int64_t max_column_blocks(int64_t columns, int64_t column_bytes, int64_t align,
+                          int64_t min_columns, int parts, int64_t hit) {
+  const int64_t by_cache = ceil_div(columns * column_bytes, kBlockWeightBytes);
+  const int64_t by_threads = hit > 0 ? ceil_div(2 * parts, hit) : 1;
+  return std::min(std::max(by_cache, by_threads),
+                  ceil_div(columns, std::max(align, min_columns)));
+}
+
 // The work items of one GEMM over `columns` output columns (column_bytes weight bytes each):
 // each hit expert's columns in equal blocks (multiples of `align`, and of at least min_columns
 // where the columns allow), small enough for L2 and numerous enough that `parts` threads all work
@@ -341,10 +352,7 @@ void plan_items(const ExpertRowMap& rows, int64_t columns, int64_t column_bytes,
                 std::vector<int64_t>& part_begin) {
   int64_t hit = 0;
   for (int64_t e = 0; e < rows.num_experts(); ++e) hit += rows.offsets[e + 1] > rows.offsets[e];
-  const int64_t by_cache = ceil_div(columns * column_bytes, kBlockWeightBytes);
-  const int64_t by_threads = hit > 0 ? ceil_div(2 * parts, hit) : 1;
-  const int64_t blocks =
-      std::min(std::max(by_cache, by_threads), ceil_div(columns, std::max(align, min_columns)));
+  const int64_t blocks = max_column_blocks(columns, column_bytes, align, min_columns, parts, hit);
   const int64_t cols = ceil_div(ceil_div(columns, blocks), align) * align;
   items.clear();
   int64_t total = 0;
@@ -533,9 +541,11 @@ void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
   grown(scales1_, max_rows * mlp.gemm1.scales_per_row);
   grown(scales2_, max_rows * mlp.gemm2.scales_per_row);
   grown(bias_, parts * std::max(w1.n, w2.n));
-  // Backends reserve T·k rows for calls of T tokens, and GEMM2's column blocks are at least
-  // kColumnAlign wide.
-  Gemm2Items::pending_rows(*this, max_rows * ceil_div(w2.n, kColumnAlign));
+  // Backends reserve T·k rows for calls of T tokens; GEMM2 cuts its columns into at most this
+  // many blocks.
+  Gemm2Items::pending_rows(
+      *this, max_rows * max_column_blocks(w2.n, weight_row_bytes(w2), kColumnAlign,
+                                          scaled_gemm_min_call_columns(mlp.gemm), parts, 1));
   items_.reserve(static_cast<size_t>(std::max(max_items(w1), max_items(w2))));
   part_begin_.reserve(static_cast<size_t>(parts + 1));
   if (static_cast<int64_t>(scratch_.size()) < parts) scratch_.resize(static_cast<size_t>(parts));
