@@ -229,13 +229,18 @@ TEST_P(KernelScratchTest, ReservedScratchAllocatesNothingAndKeepsTheBits) {
   }
 }
 
+// More rows than 4 MiB of converted rows hold at K = 200 or 224 in any layout (≥ 256 bytes a
+// row), which the avx512_bf16 paths keep; every other m below takes far less.
+constexpr int64_t kBeyondKeptRows = 16448;
+
 // Whether a row keeps a call's converted activation rows in the scratch for the next call with
-// the same tag (KeptRows): the bf16 rows' streamed path (bf16-exact float operands, one chunk of
-// 64 rows), their int8 × int8 paths (one chunk: 64 rows; 128 for amx's tiles, from 16 rows).
+// the same tag (KeptRows): the avx512_bf16 row's streamed path (bf16-exact float operands) and
+// its int8 × int8 path when the rows take at most 4 MiB, amx's int8 tiles (from 16 rows) when
+// they are one chunk of 128 rows.
 bool keeps_rows(IsaLevel level, Coding c, int64_t m) {
   if (level < IsaLevel::kAvx512Bf16 || c == Coding::kF32 || c == Coding::kF16) return false;
-  if (c == Coding::kInt8Int8) return m <= (level == IsaLevel::kAmx ? 128 : 64);
-  return m <= 64;
+  if (c == Coding::kInt8Int8 && level == IsaLevel::kAmx && m >= 16) return m <= 128;
+  return m < kBeyondKeptRows;
 }
 
 // A tagged call may find its rows converted by the previous call on the scratch (ActivationCodes
@@ -249,7 +254,9 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
   std::mt19937 rng(5);
   const int64_t n = 70, k = is_fp4(coding) ? 224 : 200, half = n / 2;
   const Operand op = make_operand(rng, coding, n, k);
-  for (int64_t m : {7, 20, 64, 100, 300}) {
+  std::vector<int64_t> rows = {7, 20, 64, 100, 300};
+  if (level >= IsaLevel::kAvx512Bf16) rows.push_back(kBeyondKeptRows);  // only they keep so many
+  for (int64_t m : rows) {
     SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << coding_name(coding)
                                       << " m=" << m);
     GemmScratch scratch;

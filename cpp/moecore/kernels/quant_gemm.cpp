@@ -196,7 +196,7 @@ uint64_t new_activation_tag() {
 }
 
 KeptRows::KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w,
-                   int64_t chunk_rows, int layout)
+                   int64_t kept_rows, int layout)
     : scratch_(a.scratch),
       rows_{a.tag,
             a.row_index != nullptr ? static_cast<const void*>(a.row_index) : a.codes,
@@ -205,13 +205,13 @@ KeptRows::KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w,
             w.num_k_blocks(),
             layout,
             scratch_ != nullptr ? scratch_->bytes.data() : nullptr},
-      one_chunk_(m <= chunk_rows),
+      all_fit_(m <= kept_rows),
       reusable_(scratch_ != nullptr && a.tag != 0 && scratch_->kept == rows_) {
   if (scratch_ != nullptr) scratch_->kept = {};  // until keep(): the row may overwrite them
 }
 
 void KeptRows::keep() const {
-  if (scratch_ != nullptr && rows_.tag != 0 && one_chunk_) scratch_->kept = rows_;
+  if (scratch_ != nullptr && rows_.tag != 0 && all_fit_) scratch_->kept = rows_;
 }
 
 namespace {

@@ -172,24 +172,24 @@ struct alignas(64) GemmScratch {
 uint64_t new_activation_tag();
 
 /// For a row that converts a call's activation rows into the start of its scratch (after
-/// gemm_scratch_memory), `chunk_rows` at a time: whether the last call on the same scratch left
-/// these very rows there (same nonzero tag, rows, m, weight K layout and `layout`, a row's name for
-/// the order it writes codes in; the same memory), and,
-/// with keep() once the call is done, that it leaves them for the next one when they were one
-/// chunk (more were overwritten chunk by chunk). A row that writes the scratch otherwise does not
-/// keep, so nothing stale is ever reused.
+/// gemm_scratch_memory), a chunk at a time, with room for `kept_rows` of them: whether the last
+/// call on the same scratch left these very rows there (same nonzero tag, rows, m, weight K layout
+/// and `layout`, a row's name for the order it writes codes in; the same memory), and, with keep()
+/// once the call is done, that it leaves them for the next one when all m fitted, each chunk in a
+/// place of its own (more were overwritten chunk by chunk). A row that writes the scratch otherwise
+/// does not keep, so nothing stale is ever reused.
 class KeptRows {
  public:
-  KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t chunk_rows,
+  KeptRows(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t kept_rows,
            int layout = 0);
   bool reusable() const { return reusable_; }
-  /// This call converted (or reused) its rows; they stay in place if they were one chunk.
+  /// This call converted (or reused) its rows; they stay in place if all of them fitted.
   void keep() const;
 
  private:
   GemmScratch* scratch_;
   GemmScratch::Rows rows_;
-  bool one_chunk_, reusable_;
+  bool all_fit_, reusable_;
 };
 
 /// How a kernel row lays out its working memory: buffers taken in a fixed order, each on its

@@ -27,6 +27,22 @@ namespace {
 // Activation rows converted to bf16 at a time (the weights stream once per chunk).
 constexpr int64_t kRowChunk = 64;
 
+// Bytes of converted activation rows a call keeps for the next call on the same rows (KeptRows):
+// when a call's rows fit, each chunk gets a place of its own, so an expert's rows are converted
+// once for all its column blocks rather than once per block. With one chunk's place, calls of more
+// rows converted them again for every block: 10 % of a Qwen3-30B-A3B bf16 layer's time at
+// M = 4096 (256 rows an expert, 12 blocks), 5.5 % at M = 1024 (Zen 4, one thread, perf).
+constexpr int64_t kKeptRowBytes = 4 << 20;
+
+// Rows of row_stride bytes the working memory holds: whole chunks, at least one.
+int64_t kept_rows(int64_t row_stride) {
+  return std::max<int64_t>(1, kKeptRowBytes / (kRowChunk * row_stride)) * kRowChunk;
+}
+
+// The first row of the place where a call of m rows converts its chunk from row r0: its own
+// when all m rows fit in `capacity`, else the first chunk's (each chunk overwrites the last).
+int64_t chunk_place(int64_t r0, int64_t m, int64_t capacity) { return m <= capacity ? r0 : 0; }
+
 // Weight rows already decoded: the exact vectors load_bf16x32 gave for them, element k at byte 2k
 // of a row (rows row_bytes apart in the call's scratch, from weight row first_row on).
 struct DecodedStream {
@@ -171,23 +187,35 @@ int64_t decoded_columns(const WeightOperand& w) {
 
 // The float path's working memory, one layout for every call on the weight operand.
 struct StreamBuffers {
-  uint8_t* a_codes;   // [kRowChunk, row_stride]: activation rows as bf16
-  float* a_scales;    // [nb, kRowChunk]: their scales by K block
-  float* w_scales;    // [nb, kMaxChannels]: K-block scales of the channel tile
+  int64_t capacity;    // kept_rows: activation rows the buffers hold, whole chunks
+  uint8_t* a_codes;    // [capacity, row_stride]: activation rows as bf16
+  float* a_scales;     // [capacity / kRowChunk, nb, kRowChunk]: their scales by chunk, K block
+  float* w_scales;     // [nb, kMaxChannels]: K-block scales of the channel tile
   uint8_t* w_decoded;  // [decoded_columns, decoded_row_bytes] when decodes_once(w)
   StreamBuffers(ScratchCarver& s, const WeightOperand& w, const PaddedK& pk)
-      : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
-        a_scales(s.take<float>(pk.num_blocks * kRowChunk)),
+      : capacity(kept_rows(pk.row_stride())),
+        a_codes(s.take<uint8_t>(capacity * pk.row_stride())),
+        a_scales(s.take<float>(pk.num_blocks * capacity)),
         w_scales(s.take<float>(kMaxChannels * pk.num_blocks)),
         w_decoded(
             s.take<uint8_t>(decodes_once(w) ? decoded_columns(w) * decoded_row_bytes(w) : 0)) {}
+
+  /// The bf16 rows and scales of the chunk of a call of m rows from row r0 (chunk_place).
+  struct Chunk {
+    uint8_t* codes;
+    float* scales;
+  };
+  Chunk chunk(const PaddedK& pk, int64_t r0, int64_t m) const {
+    const int64_t place = chunk_place(r0, m, capacity);
+    return {a_codes + place * pk.row_stride(), a_scales + place * pk.num_blocks};
+  }
 };
 
 // The call's weight rows, a block of decoded_columns at a time: decoded (each row read in order,
 // the next one prefetched a row ahead), then walked.
 template <class Stream>
 void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
-                  const StreamBuffers& buffers) {
+                  const StreamBuffers& buffers, const StreamBuffers::Chunk& chunk) {
   const WeightOperand& w = call.w;
   const int64_t row_bytes = decoded_row_bytes(w), block = decoded_columns(w);
   const WeightPrefetch prefetch = WeightPrefetch::ahead_by(stream.lead(w, 1));
@@ -219,36 +247,38 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
     }
     const Call part = call.columns_from(c0, cols);
     Bf16Dots<DecodedStream> dots{DecodedStream{buffers.w_decoded, row_bytes, call.n0 + c0},
-                                 buffers.a_codes, buffers.a_scales, pk};
+                                 chunk.codes, chunk.scales, pk};
     walk_tiles(part, dots);
   }
 }
 
 // Rows [0, m) in chunks of kRowChunk, each converted to bf16 (its scales laid out by K block) and
-// walked as a call of its own. A call of one chunk keeps its bf16 rows and scales for the next call
-// on the same rows (the expert's next column block): converting 32 rows of K = 4096 took a fifth
-// of a Mixtral-8x7B layer's time at M = 128 when every block converted them again.
+// walked as a call of its own. A call whose rows all fit the buffers keeps its bf16 rows and
+// scales for the next call on the same rows (the expert's next column block): converting 32 rows
+// of K = 4096 took a fifth of a Mixtral-8x7B layer's time at M = 128 when every block converted
+// them again.
 template <class Stream>
 void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
                   const StreamBuffers& buffers, const KeptRows& kept) {
   for (int64_t r0 = 0; r0 < call.m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, call.m - r0);
     const Call part = call.rows_from(r0, rows);
+    const StreamBuffers::Chunk chunk = buffers.chunk(pk, r0, call.m);
     if (!kept.reusable())
       for (int64_t r = 0; r < rows; ++r) {
-        pack_codes_row(part.a.row(r), pk, CodeType::kBf16, buffers.a_codes + r * pk.row_stride(),
+        pack_codes_row(part.a.row(r), pk, CodeType::kBf16, chunk.codes + r * pk.row_stride(),
                        kPairedSteps<Stream>);
         for (int64_t b = 0; b < pk.num_blocks; ++b)
-          buffers.a_scales[b * kRowChunk + r] = part.a.scale(r, b);
+          chunk.scales[b * kRowChunk + r] = part.a.scale(r, b);
       }
     // Streams of whole pieces read the weight tiles, in tiles of 4 channels (reads_weight_tiles).
     if constexpr (!kWholePieces<Stream>) {
       if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
-        walk_decoded(part, stream, pk, buffers);
+        walk_decoded(part, stream, pk, buffers, chunk);
         continue;
       }
     }
-    Bf16Dots<Stream> dots{stream, buffers.a_codes, buffers.a_scales, pk};
+    Bf16Dots<Stream> dots{stream, chunk.codes, chunk.scales, pk};
     if constexpr (kWholePieces<Stream>)
       walk<4>(part, dots);
     else
@@ -301,7 +331,7 @@ void scaled_gemm_streamed(const ActivationCodes& a, int64_t m, const WeightOpera
   const auto run = [&](auto stream) {
     stream.tiled = tiled;
     // Rows kept in paired order serve only a paired stream (fp8_byte_tables may change between).
-    const KeptRows kept(a, m, w, kRowChunk, kPairedSteps<decltype(stream)> ? 1 : 0);
+    const KeptRows kept(a, m, w, buffers.capacity, kPairedSteps<decltype(stream)> ? 1 : 0);
     run_streamed(call, stream, pk, buffers, kept);
   };
   switch (w.coding) {
@@ -338,12 +368,14 @@ constexpr int64_t kByteMaxK = ((int64_t{1} << 31) - 1) / (128 * 255);  // 65793
 
 // The byte path's working memory, one layout for every call on the weight operand.
 struct ByteBuffers {
-  uint8_t* a_codes;  // [kRowChunk, row_stride]: activation codes as bytes, padded K layout
-  int32_t* a_sums;   // [kRowChunk, nb]: their sums over each K block
+  int64_t capacity;  // kept_rows: activation rows the buffers hold, whole chunks
+  uint8_t* a_codes;  // [capacity, row_stride]: activation codes as bytes, padded K layout
+  int32_t* a_sums;   // [capacity, nb]: their sums over each K block
   float* w_scales;   // [nb, kMaxChannels]: K-block scales of the channel tile
   ByteBuffers(ScratchCarver& s, const PaddedK& pk)
-      : a_codes(s.take<uint8_t>(kRowChunk * pk.row_stride())),
-        a_sums(s.take<int32_t>(kRowChunk * pk.num_blocks)),
+      : capacity(kept_rows(pk.row_stride())),
+        a_codes(s.take<uint8_t>(capacity * pk.row_stride())),
+        a_sums(s.take<int32_t>(capacity * pk.num_blocks)),
         w_scales(s.take<float>(kMaxChannels * pk.num_blocks)) {}
 };
 
@@ -411,14 +443,14 @@ void block_sums(const float* codes, const PaddedK& pk, int32_t* sums) {
 }
 
 // Rows [0, m) in chunks of kRowChunk, each converted to bytes and walked as a call of its own
-// (integer dots are exact, so chunking changes no bit). A call of one chunk keeps its bytes and
-// sums for the next call on the same rows.
+// (integer dots are exact, so chunking changes no bit). A call whose rows all fit the buffers
+// keeps its bytes and sums for the next call on the same rows.
 void scaled_gemm_bytes(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                        int64_t n0, int64_t n, float* out, int64_t ldo) {
   const PaddedK pk(w, CodeType::kInt8);
   ScratchCarver carver(gemm_scratch_memory(a, scaled_gemm_avx512_bf16_scratch_bytes(w)));
   const ByteBuffers buffers(carver, pk);
-  const KeptRows kept(a, m, w, kRowChunk);
+  const KeptRows kept(a, m, w, buffers.capacity);
   const Call call{a, m, w, e, n0, n, out, ldo, pk.num_blocks, pk.block_k, buffers.w_scales};
   // The tiles as in scaled_gemm_streamed. int8 weights have one scale per row (one K block), so
   // every 64-byte step starts on one of their pieces.
@@ -426,12 +458,15 @@ void scaled_gemm_bytes(const ActivationCodes& a, int64_t m, const WeightOperand&
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, m - r0);
     const Call part = call.rows_from(r0, rows);
+    const int64_t place = chunk_place(r0, m, buffers.capacity);
+    uint8_t* codes = buffers.a_codes + place * pk.row_stride();
+    int32_t* sums = buffers.a_sums + place * pk.num_blocks;
     if (!kept.reusable())
       for (int64_t r = 0; r < rows; ++r) {
-        pack_codes_row(part.a.row(r), pk, CodeType::kInt8, buffers.a_codes + r * pk.row_stride());
-        block_sums(part.a.row(r), pk, buffers.a_sums + r * pk.num_blocks);
+        pack_codes_row(part.a.row(r), pk, CodeType::kInt8, codes + r * pk.row_stride());
+        block_sums(part.a.row(r), pk, sums + r * pk.num_blocks);
       }
-    ByteDots dots{Int8AsFloatStream{}, buffers.a_codes, buffers.a_sums, pk};
+    ByteDots dots{Int8AsFloatStream{}, codes, sums, pk};
     dots.stream.tiled = tiled;
     walk_tiles(part, dots);
   }
