@@ -128,21 +128,30 @@ struct Bf16Dots {
           }
         }
       }
-      for (; i < len; i += 32) {  // steps in element order (the last one of a paired block)
-        prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
-        const __mmask32 mask = avx512::tail_mask32(len - i);
-        __m512i wv[C];
-        for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
-        for (int r = 0; r < R; ++r) {
-          const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * i);
-          for (int c = 0; c < C; ++c)
-            acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(av),
-                                         reinterpret_cast<__m512bh>(wv[c]));
-        }
-      }
+      // Steps in element order (the last one of a paired block): whole ones without a mask, then
+      // the block's partial last one. With a mask computed on every step, bf16 calls took longer
+      // (Zen 4, one call, warm, best of 11: 64 × 1536 × 2048 1.09×, 2 to 16 rows 1.05-1.11×).
+      for (; i + 32 <= len; i += 32) step<R, C>(rows, row_stride, k0, i, ~__mmask32{0}, pf, acc);
+      if (i < len) step<R, C>(rows, row_stride, k0, i, avx512::tail_mask32(len - i), pf, acc);
     }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+  }
+
+  // One step of 32 elements from k0 + i, `mask` its lanes in the K block.
+  template <int R, int C>
+  [[gnu::always_inline]] inline void step(const uint8_t* rows, int64_t row_stride, int64_t k0,
+                                          int64_t i, __mmask32 mask, const WeightPrefetch& pf,
+                                          __m512 (&acc)[R][C]) const {
+    prefetch_ahead<R, C, kLightLines>(stream, k0 + i, pf);
+    __m512i wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load_bf16x32(stream, c, k0 + i, mask);
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * i);
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], reinterpret_cast<__m512bh>(av),
+                                     reinterpret_cast<__m512bh>(wv[c]));
+    }
   }
 
   // The steps of one piece (kWholePieces): elements [k0 + i, k0 + i + min(left, 128)), each
