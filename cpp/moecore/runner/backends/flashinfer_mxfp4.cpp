@@ -449,8 +449,14 @@ void run_moe(const Mxfp4Moe& m, const Mxfp4Tokens& in, Mxfp4Workspace& ws, const
     const int64_t r = ws.cursor[e]++;
     row_of_slot[s] = r;
     expert_of_row[r] = e;
-    load_f32(in.x.at({s / top_k, 0}), DType::kBF16, k, a1 + r * k);
   }
+  // The copies on every thread: serial, they took 2.7 % of the calling thread's samples at
+  // 2 threads (Qwen3-30B-A3B, M = 1024, Zen 4, perf), a share that grows with the threads.
+  parallel_for(slots, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s)
+      if (row_of_slot[s] >= 0)
+        load_f32(in.x.at({s / top_k, 0}), DType::kBF16, k, a1 + row_of_slot[s] * k);
+  });
 
   // GEMM1 (+ b13, bf16) → activation (bf16) → GEMM2 (bf16).
   float* h1 = ws.h1.data();
