@@ -1,10 +1,14 @@
 // Thread pool: static chunks cover [0, n) exactly once, whether the workers are still spinning
 // from the previous call or asleep; exceptions reach the caller, nested calls run serially,
-// resizing works, and concurrent callers take turns.
+// resizing works, and concurrent callers take turns. split_by_cost cuts uneven items into
+// contiguous runs whose costs differ by at most one item's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -85,6 +89,37 @@ TEST_P(ThreadPoolTest, ConcurrentCallersTakeTurns) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, ThreadPoolTest, ::testing::Values(1, 2, 3, 8),
                          [](const auto& info) { return "T" + std::to_string(info.param); });
+
+// Runs cover [0, count) in order; no run costs more than total / parts plus the largest item;
+// parts beyond the items (or items of no cost) give empty runs, never a skipped item.
+TEST(SplitByCostTest, ContiguousRunsOfNearEqualCost) {
+  std::mt19937 rng(3);
+  for (int64_t parts : {1, 2, 3, 16}) {
+    for (int64_t count : {0, 1, 5, 100, 3072}) {
+      // Skewed: the first quarter of the items costs the most (an even count per run would not
+      // pass), the rest little.
+      std::vector<int64_t> cost(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i)
+        cost[static_cast<size_t>(i)] =
+            std::uniform_int_distribution<int64_t>(0, 4 * i < count ? 80 : 8)(rng);
+      if (count == 5) std::fill(cost.begin(), cost.end(), 0);  // nothing to balance
+      std::vector<int64_t> begin(static_cast<size_t>(parts + 1), -1);
+      split_by_cost(count, parts, [&](int64_t i) { return cost[static_cast<size_t>(i)]; },
+                    begin.data());
+      SCOPED_TRACE(::testing::Message() << parts << " parts, " << count << " items");
+      EXPECT_EQ(begin.front(), 0);
+      EXPECT_EQ(begin.back(), count);
+      const int64_t total = std::accumulate(cost.begin(), cost.end(), int64_t{0});
+      const int64_t largest = count > 0 ? *std::max_element(cost.begin(), cost.end()) : 0;
+      for (int64_t p = 0; p < parts; ++p) {
+        ASSERT_LE(begin[p], begin[p + 1]);
+        const int64_t run =
+            std::accumulate(cost.begin() + begin[p], cost.begin() + begin[p + 1], int64_t{0});
+        EXPECT_LE(run * parts, total + largest * parts) << "run " << p;
+      }
+    }
+  }
+}
 
 TEST(ThreadPoolConfigTest, RejectsBadSizes) {
   EXPECT_THROW(ThreadPool::instance().set_num_threads(0), InvalidArgument);

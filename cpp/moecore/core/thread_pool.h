@@ -78,6 +78,22 @@ void parallel_for(int64_t n, F&& f) {
   ThreadPool::instance().parallel_for(n, RangeFn(ref));
 }
 
+/// Cuts items [0, count) into `parts` contiguous runs of near-equal total cost(i) (an int64_t,
+/// ≥ 0): run p is [begin[p], begin[p + 1]), begin[parts] = count. For work items of unequal cost
+/// run one run per thread (parallel_for over parts); which thread runs an item never changes its
+/// result, so the split balances the threads without touching a bit.
+template <typename Cost>
+void split_by_cost(int64_t count, int64_t parts, const Cost& cost, int64_t* begin) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += cost(i);
+  for (int64_t p = 0; p <= parts; ++p) begin[p] = count;
+  int64_t done = 0, p = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    while (p < parts && done * parts >= p * total) begin[p++] = i;
+    done += cost(i);
+  }
+}
+
 /// Number of CPUs this process may run on (sched_getaffinity), at least 1.
 int available_cpus();
 

@@ -318,8 +318,6 @@ namespace {
 // streams past it.
 constexpr int64_t kBlockWeightBytes = 512 * 1024;
 constexpr int64_t kColumnAlign = 16;  // block widths are whole 16-lane vectors
-// The cost of streaming one weight row, in units of one row's dot (for balancing only).
-constexpr int64_t kWeightRowCost = 4;
 
 // Grows a buffer to at least n elements (never shrinks, so a steady state allocates nothing).
 template <typename T>
@@ -355,23 +353,18 @@ void plan_items(const ExpertRowMap& rows, int64_t columns, int64_t column_bytes,
   const int64_t blocks = max_column_blocks(columns, column_bytes, align, min_columns, parts, hit);
   const int64_t cols = ceil_div(ceil_div(columns, blocks), align) * align;
   items.clear();
-  int64_t total = 0;
   for (int64_t e = 0; e < rows.num_experts(); ++e) {
-    const int64_t m = rows.offsets[e + 1] - rows.offsets[e];
-    if (m == 0) continue;
-    for (int64_t c = 0; c < columns; c += cols) {
-      items.push_back({e, c, std::min(cols, columns - c)});
-      total += items.back().cols * (m + kWeightRowCost);
-    }
+    if (rows.offsets[e + 1] == rows.offsets[e]) continue;
+    for (int64_t c = 0; c < columns; c += cols) items.push_back({e, c, std::min(cols, columns - c)});
   }
-  part_begin.assign(static_cast<size_t>(parts + 1), static_cast<int64_t>(items.size()));
-  int64_t done = 0;
-  int p = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    while (p < parts && done * parts >= p * total) part_begin[p++] = static_cast<int64_t>(i);
-    const ExpertWorkspace::Item& it = items[i];
-    done += it.cols * (rows.offsets[it.expert + 1] - rows.offsets[it.expert] + kWeightRowCost);
-  }
+  part_begin.resize(static_cast<size_t>(parts + 1));
+  split_by_cost(
+      static_cast<int64_t>(items.size()), parts,
+      [&](int64_t i) {
+        const ExpertWorkspace::Item& it = items[static_cast<size_t>(i)];
+        return it.cols * (rows.offsets[it.expert + 1] - rows.offsets[it.expert] + kWeightRowCost);
+      },
+      part_begin.data());
 }
 
 // Weight bytes of one output column of `w` (one weight row).

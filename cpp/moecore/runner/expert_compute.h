@@ -21,6 +21,10 @@
 
 namespace moecore {
 
+/// The cost of streaming one weight row in a work item, in units of one activation row's dot over
+/// it: what the schedules weigh an (expert, columns) item by (split_by_cost), for balancing only.
+constexpr int64_t kWeightRowCost = 4;
+
 /// Validated unquantized expert weights: w13 [E, N1, H] (N1 = 2I gated, else I), w2 [E, H, I],
 /// optional biases b13 [E, N1], b2 [E, H] (f32, f16 or bf16). All contiguous.
 struct ExpertWeights {
