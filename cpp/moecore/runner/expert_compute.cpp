@@ -355,7 +355,8 @@ void plan_items(const ExpertRowMap& rows, int64_t columns, int64_t column_bytes,
   items.clear();
   for (int64_t e = 0; e < rows.num_experts(); ++e) {
     if (rows.offsets[e + 1] == rows.offsets[e]) continue;
-    for (int64_t c = 0; c < columns; c += cols) items.push_back({e, c, std::min(cols, columns - c)});
+    for (int64_t c = 0; c < columns; c += cols)
+      items.push_back({e, c, std::min(cols, columns - c)});
   }
   part_begin.resize(static_cast<size_t>(parts + 1));
   split_by_cost(
