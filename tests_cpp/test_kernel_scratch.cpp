@@ -300,7 +300,7 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
     expect_bits(run(a.view, second, m, 0), run(a.view, 0, m, 0), "all rows again");
     // The scratch's memory replaced: nothing kept survives it.
     const uint8_t* was = scratch.bytes.data();
-    scratch.bytes = std::vector<uint8_t>(scratch.bytes.size(), 0xff);
+    scratch.bytes = decltype(scratch.bytes)(scratch.bytes.size(), 0xff);
     ASSERT_NE(scratch.bytes.data(), was);
     expect_bits(run(a.view, second, m, half), run(a.view, 0, m, half), "replaced memory");
     // Other codes (the same scales) under the same tag: the kept rows' result where a row keeps.

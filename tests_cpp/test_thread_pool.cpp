@@ -1,7 +1,7 @@
 // Thread pool: static chunks cover [0, n) exactly once, whether the workers are still spinning
 // from the previous call or asleep; exceptions reach the caller, nested calls run serially,
 // resizing works, and concurrent callers take turns. split_by_cost cuts uneven items into
-// contiguous runs whose costs differ by at most one item's.
+// contiguous runs, none costing more than an even share plus one item.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -184,7 +184,7 @@ void check_activation_scales(const ActivationCodes& a, const WeightOperand& w) {
 uint8_t* gemm_scratch_memory(const ActivationCodes& a, size_t bytes) {
   thread_local GemmScratch own;  // only for calls that bring no scratch
   GemmScratch& scratch = a.scratch != nullptr ? *a.scratch : own;
-  if (scratch.bytes.size() < bytes) scratch.bytes.resize(bytes);
+  scratch.grow(bytes);
   // Kept rows (KeptRows) last only across calls of their tag: any other call may overwrite them.
   if (a.tag != scratch.kept.tag) scratch.kept = {};
   return scratch.bytes.data();

@@ -10,6 +10,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "moecore/core/tensor.h"
@@ -147,12 +151,35 @@ inline ActivationCodes activation_rows_from(const ActivationCodes& a, int64_t r0
   return rows;
 }
 
+/// An allocator whose containers leave new elements uninitialized (default-initialized) instead of
+/// zeroing them, so that memory nobody writes is never touched and stays out of the resident set.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+};
+
 /// Working memory of a kernel row. A caller that runs a schedule owns one per thread of it, so
 /// that a prepared run sized with gemm_scratch_bytes replays without allocating; a row given
 /// too little grows it. Each on cache lines of its own: calls write `kept`, and the schedule's
-/// threads use neighbouring ones.
+/// threads use neighbouring ones. Rows write every byte before they read it, so the bytes are
+/// left uninitialized: the kept activation rows' room (up to 4 MiB a thread on avx512_bf16) is
+/// resident only as far as calls convert rows into it, in proportion to their rows.
 struct alignas(64) GemmScratch {
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t, UninitializedAllocator<uint8_t>> bytes;
   // The activation rows a row converted into `bytes` on the last call, when it may reuse them
   // (KeptRows), and where `bytes` were then; tag 0: none.
   struct Rows {
@@ -166,6 +193,15 @@ struct alignas(64) GemmScratch {
              layout == o.layout && memory == o.memory;
     }
   } kept;
+
+  /// At least n bytes. Growing drops the old bytes (and the rows kept in them) instead of copying
+  /// them: a copy would touch the new memory as far as the old reached.
+  void grow(size_t n) {
+    if (bytes.size() >= n) return;
+    bytes = {};
+    bytes.resize(n);
+    kept = {};
+  }
 };
 
 /// A new nonzero ActivationCodes::tag, never handed out before in this process.

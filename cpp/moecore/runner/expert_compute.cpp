@@ -545,8 +545,7 @@ void ExpertWorkspace::reserve(const ExpertMlp& mlp, int64_t max_rows) {
   if (static_cast<int64_t>(scratch_.size()) < parts) scratch_.resize(static_cast<size_t>(parts));
   const size_t bytes =
       std::max(gemm_scratch_bytes(mlp.gemm, w1), gemm_scratch_bytes(mlp.gemm, w2));
-  for (GemmScratch& s : scratch_)
-    if (s.bytes.size() < bytes) s.bytes.resize(bytes);
+  for (GemmScratch& s : scratch_) s.grow(bytes);
 }
 
 void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn load,

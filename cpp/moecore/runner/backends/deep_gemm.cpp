@@ -335,7 +335,7 @@ struct DeepGemmWorkspace {
       grow(p.act_scales, kRowsPerItem * div_up(I, kDeepGemmBlock));
       grow(p.y, kRowsPerItem * H);
       grow(p.codes, std::max(H, I));
-      grow(p.gemm.bytes, static_cast<int64_t>(gemm_bytes));
+      p.gemm.grow(gemm_bytes);
     }
     segments.reserve(static_cast<size_t>(max_segments));
     // Σ_e ⌈m_e/16⌉ ≤ Σ_e m_e / 16 + (number of segments).

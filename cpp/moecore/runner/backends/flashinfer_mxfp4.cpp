@@ -336,7 +336,7 @@ struct Mxfp4Workspace {
     grow(h1, slots * 2 * m.n);
     grow(h2, slots * m.n);
     grow(y, slots * m.k);
-    const int64_t scratch =
+    const size_t scratch =
         std::max(gemm_scratch_bytes(m.gemm, m.w13.kernel), gemm_scratch_bytes(m.gemm, m.w2.kernel));
     parts.resize(size(ThreadPool::instance().num_threads()));
     grow(item_parts, static_cast<int64_t>(parts.size()) + 1);
@@ -344,7 +344,7 @@ struct Mxfp4Workspace {
       grow(p.tile_bias, kTile);
       grow(p.acc, m.k);
       grow(p.b2, m.k);
-      grow(p.scratch.bytes, scratch);
+      p.scratch.grow(scratch);
     }
   }
 };
