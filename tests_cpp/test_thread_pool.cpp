@@ -1,4 +1,4 @@
-// Thread pool: static chunks cover [0, n) exactly once, whether the workers are still spinning
+// Thread pool: static chunks, whichever thread claims them, cover [0, n) exactly once, whether the workers are still spinning
 // from the previous call or asleep; exceptions reach the caller, nested calls run serially,
 // resizing works, and concurrent callers take turns. split_by_cost cuts uneven items into
 // contiguous runs, none costing more than an even share plus one item.
@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <numeric>
+#include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "moecore/core/error.h"
@@ -31,6 +33,30 @@ TEST_P(ThreadPoolTest, EveryItemExactlyOnce) {
       for (int64_t i = b; i < e; ++i) hits[i]++;
     });
     for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+// Threads claim chunks (a worker slow to wake leaves its chunk to another thread), but the chunks
+// themselves are the static split: num_threads contiguous runs of near-equal size, the larger
+// first, and no empty one is ever run.
+TEST_P(ThreadPoolTest, ChunksAreTheStaticSplitWhicheverThreadRunsThem) {
+  const int64_t threads = GetParam();
+  for (int64_t n : {1, 2, 3, 17, 1000}) {
+    std::mutex mutex;
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    parallel_for(n, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      chunks.emplace_back(b, e);
+    });
+    std::sort(chunks.begin(), chunks.end());
+    std::vector<std::pair<int64_t, int64_t>> expected;
+    for (int64_t i = 0, begin = 0; i < threads && begin < n; ++i) {
+      const int64_t size = n / threads + (i < n % threads ? 1 : 0);
+      expected.emplace_back(begin, begin + size);
+      begin += size;
+    }
+    if (threads == 1 || n == 1) expected = {{0, n}};  // run inline, whole
+    EXPECT_EQ(chunks, expected) << "n=" << n;
   }
 }
 

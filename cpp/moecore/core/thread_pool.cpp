@@ -1,6 +1,8 @@
 // Thread pool implementation: a call bumps the generation, which wakes all workers (spinning ones
-// see it at once, sleeping ones through one condition variable); each worker runs its own fixed
-// chunk, so the schedule is static and repeatable.
+// see it at once, sleeping ones through one condition variable); the caller and the workers then
+// claim the call's fixed chunks one at a time, so the schedule is static and repeatable, and a
+// worker that wakes late (a sleeping core takes up to a few hundred µs on a 16-core Xeon) leaves
+// its chunk to a thread already done with its own.
 #include "moecore/core/thread_pool.h"
 
 #include <sched.h>
@@ -72,7 +74,7 @@ void ThreadPool::start(int n) {
   // Workers start from the current generation so they never replay an earlier call.
   const uint64_t generation = generation_.load(std::memory_order_relaxed);
   for (int i = 1; i < n; ++i)
-    workers_.emplace_back([this, i, generation] { worker_loop(i, generation); });
+    workers_.emplace_back([this, generation] { worker_loop(generation); });
 }
 
 void ThreadPool::stop() {
@@ -94,11 +96,10 @@ void ThreadPool::set_num_threads(int n) {
   start(n);
 }
 
-void ThreadPool::run_chunk(int index) {
+void ThreadPool::run_chunk(int64_t index) {
   const int64_t per = n_ / num_threads_, extra = n_ % num_threads_;
   const int64_t begin = index * per + std::min<int64_t>(index, extra);
   const int64_t end = begin + per + (index < extra ? 1 : 0);
-  if (begin >= end) return;
   try {
     ChunkScope scope;
     (*fn_)(begin, end);
@@ -108,7 +109,27 @@ void ThreadPool::run_chunk(int index) {
   }
 }
 
-void ThreadPool::worker_loop(int index, uint64_t seen) {
+void ThreadPool::run_claimed_chunks(uint64_t generation) {
+  constexpr uint64_t kIndexMask = 0xffff;
+  uint64_t state = chunks_.load(std::memory_order_acquire);
+  for (;;) {
+    if (state >> 32 != (generation & 0xffffffff)) return;  // a call this thread came too late for
+    const uint64_t next = state & kIndexMask, count = (state >> 16) & kIndexMask;
+    if (next >= count) return;
+    if (!chunks_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire))
+      continue;
+    // Claimed: the call cannot finish (and n_, fn_ change) before this chunk is done.
+    run_chunk(static_cast<int64_t>(next));
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mutex_);  // the caller may be about to sleep
+      done_.notify_one();
+    }
+    state = chunks_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::worker_loop(uint64_t seen) {
   const auto called = [&] {
     return stopping_.load(std::memory_order_acquire) ||
            generation_.load(std::memory_order_acquire) != seen;
@@ -120,11 +141,7 @@ void ThreadPool::worker_loop(int index, uint64_t seen) {
     }
     if (stopping_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    run_chunk(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mutex_);  // the caller may be about to sleep
-      done_.notify_one();
-    }
+    run_claimed_chunks(seen);
   }
 }
 
@@ -135,16 +152,21 @@ void ThreadPool::parallel_for(int64_t n, RangeFn fn) {
     return;
   }
   std::lock_guard<std::mutex> call(call_mutex_);
+  uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     n_ = n;
     fn_ = &fn;
     error_ = nullptr;
-    pending_.store(num_threads_ - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);  // publishes the call
+    const int64_t chunks = std::min<int64_t>(n, num_threads_);  // the non-empty ones: a prefix
+    pending_.store(chunks, std::memory_order_relaxed);
+    generation = generation_.load(std::memory_order_relaxed) + 1;
+    chunks_.store((generation & 0xffffffff) << 32 | static_cast<uint64_t>(chunks) << 16,
+                  std::memory_order_release);
+    generation_.store(generation, std::memory_order_release);  // publishes the call
   }
   wake_.notify_all();
-  run_chunk(0);
+  run_claimed_chunks(generation);
   const auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
   std::exception_ptr error;
   {

@@ -1,6 +1,8 @@
 // moecore's thread pool: persistent workers and a static, deterministic schedule. parallel_for
-// splits [0, n) into one contiguous chunk per thread, so which thread computes an item never
-// changes the item's result. Exceptions thrown by any chunk reach the caller; none is swallowed.
+// splits [0, n) into one contiguous chunk per thread, always the same chunks for the same n, so
+// which thread computes an item never changes the item's result. Threads claim the chunks, so
+// one that is free takes the chunk of a worker still waking up. Exceptions thrown by any chunk
+// reach the caller; none is swallowed.
 #pragma once
 
 #include <atomic>
@@ -40,17 +42,19 @@ class ThreadPool {
   /// Resizes the pool (n >= 1). Waits for a running parallel_for to finish.
   void set_num_threads(int n);
 
-  /// Runs fn(begin, end) over [0, n) in num_threads contiguous chunks of near-equal size; the
-  /// caller runs chunk 0. Called from inside a chunk, it runs serially on that thread. Callers
-  /// from several threads take turns. Rethrows the first exception any chunk threw.
+  /// Runs fn(begin, end) over [0, n) in num_threads contiguous chunks of near-equal size, each
+  /// on whichever thread claims it first (the caller among them). Called from inside a chunk, it
+  /// runs serially on that thread. Callers from several threads take turns. Rethrows the first
+  /// exception any chunk threw.
   void parallel_for(int64_t n, RangeFn fn);
 
  private:
   explicit ThreadPool(int n);
   void start(int n);
   void stop();
-  void worker_loop(int index, uint64_t seen);
-  void run_chunk(int index);
+  void worker_loop(uint64_t seen);
+  void run_claimed_chunks(uint64_t generation);
+  void run_chunk(int64_t index);
 
   int num_threads_ = 1;
   std::vector<std::thread> workers_;
@@ -63,7 +67,12 @@ class ThreadPool {
   std::condition_variable wake_;
   std::condition_variable done_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // The current call's chunks: its generation (low 32 bits) in bits 32-63, the number of
+  // non-empty chunks in bits 16-31 and the next one to claim in bits 0-15 (num_threads ≤ 1024).
+  // Published before generation_, and a claim checks the generation, so a thread that reaches
+  // a call late never claims a chunk of the next one as its own.
+  std::atomic<uint64_t> chunks_{0};
+  std::atomic<int64_t> pending_{0};  // chunks not finished yet
   std::atomic<bool> stopping_{false};
   bool spin_ = false;  // no more threads than CPUs (set by start)
   int64_t n_ = 0;
