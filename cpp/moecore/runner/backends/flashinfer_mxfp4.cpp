@@ -409,6 +409,9 @@ void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm,
       },
       begin);
   const bool has_bias = bias.data != nullptr;
+  // One tag for the phase: a part's consecutive items of one expert read the same rows, which the
+  // kernel row then converts once (KeptRows), not once per weight tile.
+  const uint64_t tag = new_activation_tag();
   parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
     for (int64_t p = first_part; p < end_part; ++p) {
       Mxfp4Workspace::Part& part = ws.parts[p];
@@ -423,6 +426,7 @@ void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm,
         rows.bf16_exact = true;
         rows.ld = k_in;
         rows.scratch = &part.scratch;
+        rows.tag = tag;
         gemm(rows, m, w.kernel, e, r0, kTile, dst, n_out);
         if (has_bias) load_f32(bias.at({e, r0}), DType::kBF16, kTile, b);
         for (int64_t r = 0; r < m; ++r)
