@@ -1,14 +1,14 @@
-// Thread pool: static chunks, whichever thread claims them, cover [0, n) exactly once, whether the workers are still spinning
-// from the previous call or asleep; exceptions reach the caller, nested calls run serially,
-// resizing works, and concurrent callers take turns. split_by_cost cuts uneven items into
-// contiguous runs, none costing more than an even share plus one item.
+// Thread pool: static chunks, whichever thread claims them, cover [0, n) exactly once, whether
+// the workers are still spinning from the previous call or asleep; exceptions reach the caller,
+// nested calls run serially, resizing works, and concurrent callers take turns. split_by_cost
+// cuts uneven items into contiguous runs, none costing more than an even share plus one item.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <numeric>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <utility>

@@ -391,9 +391,9 @@ void check_tile_scales(const Sm90Weight& w, int64_t e, int64_t r0) {
 /// in[rows of e] · tileᵀ with the kernel row on the packed kMxfp4 operand (fp32, canonical
 /// order), then bias (optional, bf16 [E, n_out]) and the bf16 rounding. A thread's items of one
 /// expert are consecutive tiles, computed by one call of the kernel row once all their scales are
-/// checked: each output's arithmetic is the same whatever columns a call has, and one call per
-/// tile (448 per Qwen3-30B-A3B forward at M = 1) spent a tenth of moecore's time at M = 1 setting
-/// calls up and converting the same rows again.
+/// checked: each output's arithmetic is the same whatever columns a call has, and a call per tile
+/// (448 per Qwen3-30B-A3B forward at M = 1) took 1.1–1.7× the time of GPT-OSS-20B's layer at
+/// M = 1 and up to 1.1× Qwen3-30B-A3B's at M = 16 (one thread, Zen 4; bench/RESULTS.md).
 void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm, const float* in,
                  int64_t k_in, float* out, int64_t n_out, Mxfp4Workspace& ws) {
   const int64_t experts = static_cast<int64_t>(ws.offsets.size()) - 1;
