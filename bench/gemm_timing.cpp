@@ -7,12 +7,14 @@
 // peak (the machine's strongest probe kind). A tool for tuning a kernel row in isolation, beside
 // `python -m moecore bench`, which times whole layers. Built with the tests:
 //   ninja -C build moecore_gemm_timing
-//   build/moecore_gemm_timing [--rows=avx2,scalar] [--tiles] [--fp8-byte-tables=0|1] [repeats]
-//       [m n k coding]...
+//   build/moecore_gemm_timing [--rows=avx2,scalar] [--tiles] [--fp8-byte-tables=0|1]
+//       [--call-columns=C] [repeats] [m n k coding]...
 // --rows names kernel rows (isa levels, or amx_float_tiles); default: every row the machine
 // runs from avx2 up (the scalar reference only when named). --tiles packs the weight tiles, as a
 // processed layer has them, for the rows that read them. --fp8-byte-tables=0|1 picks the bf16
 // rows' e4m3 decoder (byte tables by default; kernels/quant_gemm.h, fp8_byte_tables).
+// --call-columns=C times the same work as calls of C weight rows each, in order (as a schedule's
+// column blocks make them), to see what narrower calls cost.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -144,16 +146,24 @@ int main(int argc, char** argv) try {
   int arg = 1;
   std::vector<Row> rows;
   bool tiles = false;
+  int64_t call_columns = 0;  // 0: one call for all n
   for (; argc > arg && std::strncmp(argv[arg], "--", 2) == 0; ++arg) {
     if (std::strncmp(argv[arg], "--rows=", 7) == 0) {
       rows = parse_rows(argv[arg] + 7);
     } else if (std::strcmp(argv[arg], "--tiles") == 0) {
       tiles = true;
+    } else if (std::strncmp(argv[arg], "--call-columns=", 15) == 0) {
+      call_columns = std::atoll(argv[arg] + 15);
+      if (call_columns < 1) {
+        std::fprintf(stderr, "--call-columns must be positive: %s\n", argv[arg]);
+        return 2;
+      }
     } else if (std::strcmp(argv[arg], "--fp8-byte-tables=0") == 0 ||
                std::strcmp(argv[arg], "--fp8-byte-tables=1") == 0) {
       set_fp8_byte_tables(argv[arg][std::strlen(argv[arg]) - 1] == '1');
     } else {
-      std::fprintf(stderr, "unknown option %s (known: --rows=…, --tiles, --fp8-byte-tables=0|1)\n",
+      std::fprintf(stderr, "unknown option %s (known: --rows=…, --tiles, --fp8-byte-tables=0|1, "
+                   "--call-columns=C)\n",
                    argv[arg]);
       return 2;
     }
@@ -161,8 +171,8 @@ int main(int argc, char** argv) try {
   const int repeats = argc > arg ? std::atoi(argv[arg++]) : 9;
   if (repeats < 1 || (argc - arg) % 4 != 0) {
     std::fprintf(stderr,
-                 "usage: %s [--rows=avx2,…] [--tiles] [--fp8-byte-tables=0|1] [repeats ≥ 1] "
-                 "[m n k coding]...\n",
+                 "usage: %s [--rows=avx2,…] [--tiles] [--fp8-byte-tables=0|1] [--call-columns=C] "
+                 "[repeats ≥ 1] [m n k coding]...\n",
                  argv[0]);
     return 2;
   }
@@ -239,7 +249,9 @@ int main(int argc, char** argv) try {
       std::vector<double> ms;
       for (int r = 0; r <= repeats; ++r) {  // the first call warms up
         const auto t0 = std::chrono::steady_clock::now();
-        kernel(a, s.m, weights.w, 0, 0, s.n, out.data(), s.n);
+        const int64_t step = call_columns > 0 ? call_columns : s.n;
+        for (int64_t n0 = 0; n0 < s.n; n0 += step)
+          kernel(a, s.m, weights.w, 0, n0, std::min(step, s.n - n0), out.data() + n0, s.n);
         const auto t1 = std::chrono::steady_clock::now();
         if (r > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       }
