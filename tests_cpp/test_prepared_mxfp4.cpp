@@ -228,12 +228,19 @@ TEST_P(PreparedMxfp4Test, ThreadCountMayChangeAfterPrepare) {
                    MoeA2ABackend::NONE);
   const auto d = make_dispatch(7, p.hidden, 2, GetParam().id_dtype);
   const PreparedRunPtr prepared = runner.prepare(d, p.quant_info);
+  // The shared schedule's workspace is sized for prepare's thread count: fewer threads run in
+  // it as they are; more grow it on their first run (each new part's kernel scratch), after
+  // which runs allocate nothing again. The bits never depend on the count.
   for (int threads : {1, 3}) {
     ThreadPool::instance().set_num_threads(threads);
-    refill(rng, *d, p.global_experts, 2);
-    EXPECT_EQ(count_allocations([&] { prepared->run(); }), 0) << threads << " threads";
-    EXPECT_TRUE(same_bits(prepared_output(*prepared), eager_output(runner, *d, p.quant_info)))
-        << threads << " threads";
+    for (int round = 0; round < 2; ++round) {
+      refill(rng, *d, p.global_experts, 2);
+      const int64_t allocations = count_allocations([&] { prepared->run(); });
+      if (threads <= 2 || round > 0)
+        EXPECT_EQ(allocations, 0) << threads << " threads, round " << round;
+      EXPECT_TRUE(same_bits(prepared_output(*prepared), eager_output(runner, *d, p.quant_info)))
+          << threads << " threads, round " << round;
+    }
   }
 }
 

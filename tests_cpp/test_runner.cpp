@@ -7,9 +7,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "moecore/core/error.h"
 #include "moecore/core/thread_pool.h"
@@ -555,6 +557,127 @@ TEST(ExpertScheduleTest, SummedGemm2GivesTheBitsOfSlotRowsThenCombine) {
         expert_gemm2_summed_phase(mlp, ws, scale_at, TopkSum{&tokens, weighted, 0.75f, got.view()});
         ASSERT_EQ(testing::to_floats(got), testing::to_floats(want));
       }
+  }
+  ThreadPool::instance().set_num_threads(available_cpus());
+}
+
+// With a bias in the sum (TRT-LLM's finalize, flashinfer_mxfp4's contract), the summed phase
+// gives out[t] = round(Σ_j w_j · (y_j + b2[e_j])) over the first W columns: y_j GEMM2's rounded
+// row, the bias added in fp32 after that rounding, slots in order, ids −1 left out. Checked bit
+// for bit against slot rows and that sum written out here, for W = H and a trimmed W < H.
+TEST(ExpertScheduleTest, SummedGemm2AddsASumBiasAfterRoundingAndTrimsTheOutput) {
+  std::mt19937 rng(39);
+  MoeProblem p = make_problem(rng, 9, 5, 96, 48, 3, DType::kBF16);
+  p.topk_ids.ptr<int32_t>()[4] = -1;  // token 1, slot 1
+  const Tensor b2 = testing::random_tensor(rng, {p.E, p.H}, DType::kBF16);
+  const ExpertWeights w = check_expert_weights("test", p.w13, p.w2, Tensor(), Tensor(), true);
+  const ExpertMlp mlp =
+      dense_expert_mlp(w, ActivationSpec{}, scaled_gemm_kernel(current_isa_level()));
+  const RoutedTokens tokens =
+      check_routed_tokens("test", p.x, StandardTopKOutput{p.topk_weights, p.topk_ids, {}}, w);
+  const std::vector<float> bias = testing::to_floats(b2);
+  for (int64_t width : {p.H, int64_t{80}})
+    for (int threads : {1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << "W=" << width << " threads=" << threads);
+      ThreadPool::instance().set_num_threads(threads);
+      ExpertWorkspace ws;
+      ws.rows.group_slots(tokens, p.E, /*with_scale=*/false);
+      expert_gemm1_phase(mlp, ws, token_rows(tokens), RowScaleAt::kNone);
+      const Tensor slots = Tensor::zeros({p.T, p.k, p.H}, DType::kBF16);
+      expert_gemm2_phase(mlp, ws, RowScaleAt::kNone, slot_rows(slots.view()));
+      const std::vector<float> y = testing::to_floats(slots);
+      std::vector<float> want(static_cast<size_t>(p.T * width));
+      for (int64_t t = 0; t < p.T; ++t)
+        for (int64_t h = 0; h < width; ++h) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < p.k; ++j) {
+            const int32_t e = tokens.id(t, j);
+            if (e < 0) continue;
+            const float v = y[(t * p.k + j) * p.H + h] + bias[e * p.H + h];
+            acc += tokens.weight(t, j) * v;
+          }
+          want[t * width + h] = round_to(DType::kBF16, acc);
+        }
+      const Tensor got = Tensor::empty({p.T, width}, DType::kBF16);
+      expert_gemm2_summed_phase(mlp, ws, RowScaleAt::kNone,
+                                TopkSum{&tokens, /*weighted=*/true, 1.0f, got.view(), b2.view()});
+      const std::vector<float> got_values = testing::to_floats(got);
+      ASSERT_EQ(std::memcmp(got_values.data(), want.data(), want.size() * sizeof(float)), 0);
+    }
+  ThreadPool::instance().set_num_threads(available_cpus());
+}
+
+// Per-expert α, β and limit (ExpertMlp::expert_alpha/_beta/_limit) give each expert's rows the
+// bits of a schedule whose activation has that expert's values as its own; and the GEMM1 item
+// check sees each hit expert's activation columns [0, I) once, cut into its items, and a check
+// that throws fails the call with its own error before GEMM2 writes anything.
+TEST(ExpertScheduleTest, PerExpertSwigluAndTheGemm1ItemCheck) {
+  std::mt19937 rng(43);
+  const MoeProblem p = make_problem(rng, 7, 4, 64, 96, 2, DType::kBF16);
+  const ExpertWeights w = check_expert_weights("test", p.w13, p.w2, Tensor(), Tensor(), true);
+  ActivationSpec spec;
+  spec.layout = GateUpLayout::kUpGate;
+  const float alpha[] = {1.702f, 0.5f, 2.0f, 1.0f}, beta[] = {1.0f, -0.25f, 0.5f, 1.5f},
+              limit[] = {7.0f, 0.25f, 1.0f, 1e30f};
+  auto per_expert = [&](const float* values) {
+    Tensor t = Tensor::empty({p.E}, DType::kF32);
+    std::copy(values, values + p.E, t.ptr<float>());
+    return t;
+  };
+  const Tensor alphas = per_expert(alpha), betas = per_expert(beta), limits = per_expert(limit);
+  ExpertMlp mlp = dense_expert_mlp(w, spec, scaled_gemm_kernel(current_isa_level()));
+  mlp.expert_alpha = alphas.view();
+  mlp.expert_beta = betas.view();
+  mlp.expert_limit = limits.view();
+  const RoutedTokens tokens =
+      check_routed_tokens("test", p.x, StandardTopKOutput{p.topk_weights, p.topk_ids, {}}, w);
+  for (int threads : {1, 3, 8}) {
+    SCOPED_TRACE(::testing::Message() << "threads=" << threads);
+    ThreadPool::instance().set_num_threads(threads);
+    std::mutex seen_mutex;
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> seen(p.E);
+    mlp.check_gemm1_item = [&](int64_t e, int64_t col0, int64_t cols) {
+      std::lock_guard<std::mutex> lock(seen_mutex);
+      seen[e].push_back({col0, cols});
+    };
+    ExpertWorkspace ws;
+    ws.rows.group_slots(tokens, p.E, /*with_scale=*/false);
+    const Tensor got = Tensor::zeros({p.T * p.k, p.H}, DType::kBF16);
+    run_expert_mlp(mlp, ws, token_rows(tokens), RowScaleAt::kNone, got.view());
+    for (int64_t e = 0; e < p.E; ++e) {
+      if (ws.rows.offsets[e + 1] == ws.rows.offsets[e]) {
+        EXPECT_TRUE(seen[e].empty()) << "expert " << e;
+        continue;
+      }
+      std::sort(seen[e].begin(), seen[e].end());
+      int64_t covered = 0;
+      for (const auto& [col0, cols] : seen[e]) {
+        EXPECT_EQ(col0, covered) << "expert " << e;
+        covered = col0 + cols;
+      }
+      EXPECT_EQ(covered, p.I) << "expert " << e;
+      ExpertMlp alone = dense_expert_mlp(w, spec, mlp.gemm);
+      alone.activation.alpha = alpha[e];
+      alone.activation.beta = beta[e];
+      alone.activation.clamp_limit = limit[e];
+      ExpertWorkspace alone_ws;
+      alone_ws.rows.group_slots(tokens, p.E, /*with_scale=*/false);
+      const Tensor want = Tensor::zeros({p.T * p.k, p.H}, DType::kBF16);
+      run_expert_mlp(alone, alone_ws, token_rows(tokens), RowScaleAt::kNone, want.view());
+      for (int64_t r = ws.rows.offsets[e]; r < ws.rows.offsets[e + 1]; ++r) {
+        const int64_t slot = ws.rows.dest[r];
+        EXPECT_EQ(std::memcmp(got.view().at({slot, 0}), want.view().at({slot, 0}), p.H * 2), 0)
+            << "expert " << e << ", slot " << slot;
+      }
+    }
+    mlp.check_gemm1_item = [](int64_t e, int64_t, int64_t) {
+      MOECORE_CHECK(e != 2, "expert 2 refused");
+    };
+    const Tensor untouched = Tensor::zeros({p.T * p.k, p.H}, DType::kBF16);
+    EXPECT_THROW(run_expert_mlp(mlp, ws, token_rows(tokens), RowScaleAt::kNone, untouched.view()),
+                 InvalidArgument);
+    for (float v : testing::to_floats(untouched)) ASSERT_EQ(v, 0.0f);
+    mlp.check_gemm1_item = nullptr;
   }
   ThreadPool::instance().set_num_threads(available_cpus());
 }

@@ -580,6 +580,14 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
   float* s2 = quantize2 ? grown(ws.scales2_, count * g2.scales_per_row) : nullptr;
   ActivationSpec rounded = mlp.activation;
   rounded.round_dtype = mlp.act_dtype;
+  auto expert_spec = [&](int64_t e) {
+    if (mlp.expert_alpha.data == nullptr) return rounded;
+    ActivationSpec spec = rounded;
+    spec.alpha = mlp.expert_alpha.ptr<float>()[e];
+    spec.beta = mlp.expert_beta.ptr<float>()[e];
+    spec.clamp_limit = mlp.expert_limit.ptr<float>()[e];
+    return spec;
+  };
   const ActivationFn activate = activation_kernel(scaled_gemm_kernel_level(mlp.gemm));
   const int64_t w1_bytes = weight_row_bytes(g1.weight) * (n1 / inter);
   plan_items(rows, inter, w1_bytes, gemm1_column_align(mlp, quantize2),
@@ -589,6 +597,7 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
       in, rows, ws.items_, ws.part_begin_, ws.scratch_,
       [&](int64_t part, const ExpertWorkspace::Item& item, const ActivationCodes& a) {
         const auto [e, col0, cols] = item;
+        if (mlp.check_gemm1_item) mlp.check_gemm1_item(e, col0, cols);
         const int64_t r0 = rows.offsets[e], m = rows.offsets[e + 1] - r0;
         float* block = h1 + r0 * n1;
         for (const ColumnSpan& span : activation_gemm1_spans(mlp.activation, inter, col0, cols)) {
@@ -599,7 +608,7 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
                        bias_rows + part * n1);
         }
         float* act = h2 + r0 * inter + col0;
-        activate(rounded, block, n1, act, inter, m, inter, col0, cols);
+        activate(expert_spec(e), block, n1, act, inter, m, inter, col0, cols);
         if (!quantize2) return;
         // A rule with one scale per row writes the same scale from every block of the row: the
         // row's first block stores it, the others write a scale of their own (no shared write).
@@ -699,10 +708,16 @@ void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowSca
   const float* y = items.y();
   auto slot = [&](int64_t t, int64_t j, int64_t h0, int64_t width, float* buf) -> const float* {
     const int64_t r = slot_row[t * k + j];
-    if (r >= 0) return y + r * n + h0;
-    std::fill(buf, buf + width, 0.0f);  // the zeros a stored slot row would hold
+    if (r < 0) {
+      std::fill(buf, buf + width, 0.0f);  // the zeros a stored slot row would hold
+      return buf;
+    }
+    if (sum.bias.data == nullptr) return y + r * n + h0;
+    load_f32(sum.bias.at({tokens.id(t, j), h0}), sum.bias.dtype, width, buf);
+    for (int64_t h = 0; h < width; ++h) buf[h] += y[r * n + h0 + h];
     return buf;
   };
+  const int64_t width = sum.out.shape[1];  // ≤ n: the columns the sum writes
   items.run(
       mlp, scale_at,
       [&](const ExpertWorkspace::Item& item) {
@@ -712,14 +727,15 @@ void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowSca
           // acq_rel: the item that finishes the token's last row of the block sees every other
           // item's rows of it, and sums them.
           if (pending[t * blocks + b].fetch_sub(1, std::memory_order_acq_rel) == 1)
-            sum_token_span(tokens, t, item.col, item.col + item.cols, sum.weighted,
-                           sum.routed_scaling_factor, sum.out, slot);
+            sum_token_span(tokens, t, item.col, std::min(item.col + item.cols, width),
+                           sum.weighted, sum.routed_scaling_factor, sum.out, slot);
         }
       },
       [&](int64_t part, int64_t parts) {  // tokens with no row: their zeros, a share per part
         for (int64_t t = num_tokens * part / parts; t < num_tokens * (part + 1) / parts; ++t)
           if (rows_of(t) == 0)
-            sum_token_span(tokens, t, 0, n, sum.weighted, sum.routed_scaling_factor, sum.out, slot);
+            sum_token_span(tokens, t, 0, width, sum.weighted, sum.routed_scaling_factor, sum.out,
+                           slot);
       });
 }
 

@@ -103,10 +103,19 @@ struct ExpertGemm {
   int64_t quantize_segment = 0;
 };
 
+/// Validation a GEMM1 work item runs before its GEMM: expert e, activation columns
+/// [col0, col0 + cols) of I. It throws to fail the call, which then writes no output.
+using Gemm1ItemCheck = std::function<void(int64_t e, int64_t col0, int64_t cols)>;
+
 /// The whole expert MLP contract: GEMM1 (N1 = 2I gated, else I) → activation → GEMM2 (H).
 struct ExpertMlp {
   ExpertGemm gemm1, gemm2;
   ActivationSpec activation;  // its round_dtype is overridden by act_dtype
+  /// GPT-OSS clamped SwiGLU with α, β and limit per expert (f32 [E] each, all or none:
+  /// FlashInfer MXFP4's swiglu tensors): expert e's replace the activation's alpha, beta and
+  /// clamp_limit. data == nullptr: the activation's for every expert.
+  TensorView expert_alpha, expert_beta, expert_limit;
+  Gemm1ItemCheck check_gemm1_item;  // empty: none
   DType act_dtype = DType::kF32;
   ScaledGemmFn gemm = nullptr;  // the kernel row, picked at construction (config.isa_level)
   int64_t hidden = 0, inter = 0;
@@ -232,11 +241,14 @@ void expert_gemm2_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowScaleAt sc
 /// rows: out[t] = round(rsf · Σ_j v[t, j] (× w[t, j] if weighted)) over token t's slots j
 /// with id ≥ 0 in increasing j, where v[t, j] is the slot's GEMM2 row as phase 2 would store it
 /// (+0 for a slot no row computes). The same bits as expert_gemm2_phase then combine_topk.
+/// With `bias` (TRT-LLM's finalize), v[t, j] = the slot's rounded GEMM2 row + bias[e] in fp32,
+/// e its expert (GEMM2 then has no bias of its own; a slot no row computes still gives +0).
 struct TopkSum {
   const RoutedTokens* tokens = nullptr;
   bool weighted = false;
   float routed_scaling_factor = 1.0f;
-  TensorView out;  // [T, H], rows contiguous
+  TensorView out;   // [T, W ≤ H], rows contiguous: the first W columns of each token's sum
+  TensorView bias;  // [E, H] (f32/f16/bf16, contiguous); data == nullptr: none
 };
 /// Phase 2 with the top-k sum in GEMM2's epilogue and no per-slot rows: GEMM2's (expert, column
 /// block) items leave their rounded rows in the workspace, and the item that finishes a token's

@@ -215,7 +215,7 @@ void TokenMajorRun::run() {
     // Σ_j w[t, j] · slot[t, j] over valid slots in fp32, slot order, rounded once to out's
     // dtype: the combine, read from GEMM2's rows (no per-slot rows).
     expert_gemm2_summed_phase(plan_.mlp, ws, RowScaleAt::kNone,
-                              TopkSum{&tokens_, /*weighted=*/true, 1.0f, out_.view()});
+                              TopkSum{&tokens_, /*weighted=*/true, 1.0f, out_.view(), /*bias=*/{}});
   }
   scale_output(out_, plan_.routed_scaling_factor);
 }

@@ -2,13 +2,16 @@
 // cutlass_fused_moe(use_w4_group_scaling=True), W4A16 MXFP4, for GPT-OSS and DSv4 experts.
 // Registers: fused func (none, flashinfer_mxfp4) and its prepared run (standard,
 // flashinfer_mxfp4) — fused-only, no runner core, no permutes. The fused func is that prepared
-// run built and run once, so both give the same bits by construction. The GEMMs stream the
+// run built and run once, so both give the same bits by construction. The MLP runs on
+// expert_compute's static schedule: no permuted copy of the input, the activation in GEMM1's
+// epilogue, b2 and the routed weight in the top-k sum of GEMM2's epilogue. The GEMMs stream the
 // weights' kernel layout (Mxfp4KernelLayout: deinterleaved packed bytes, linear E8M0 scales)
 // through the shared scaled-GEMM table as WeightCoding::kMxfp4, decoded in registers; the layout
 // is the quant info's kernel_layout (made by the quant method; shapes checked) when defined,
 // else derived from the contract layout (once per prepared run; an eager call derives it per
-// call). The contract scales stay the ones a call validates (0xFF), tile by tile, so a scale
-// overwritten after processing still raises.
+// call). The contract scales stay the ones a call validates (0xFF): each GEMM1 work item checks
+// the 64-row tiles it reads and its share of GEMM2's before GEMM2 writes anything, so a scale
+// overwritten after processing still raises and leaves the output as it was.
 // Payload: FlashInferMxfp4CutlassMoeQuantInfo (anything else is a TypeError).
 //
 // Numeric contract (per (token, slot) routed to a local expert e; N = fc1 half width, K = hidden):
@@ -22,7 +25,7 @@
 //   activation (fp32, one rounding to bf16): with swiglu tensors g = min(gate, L[e]),
 //     u = clamp(up, −L[e], L[e]), h2 = bf16(g · σ(α[e]·g) · (u + β[e])), σ(z) = 1/(1 + exp(−z));
 //     without them h2 = bf16(silu(gate) · up) (the activation table's rows: kernels/activation.h).
-//   GEMM2: y = bf16(fp32 Σ_n h2[n]·W2[h, n]) — no bias yet (stored per (token, slot)).
+//   GEMM2: y = bf16(fp32 Σ_n h2[n]·W2[h, n]) — no bias yet (one row per (token, slot)).
 //   finalize (TRT-LLM's unfused finalizeMoeRouting): out[t, h] = bf16(Σ_j w_j · (y_j[h] + b2[h]))
 //     in fp32, slots j in increasing order, starting from +0; the routed weight applies exactly
 //     once here. routed_scaling_factor is NOT applied (sglang passes none to the kernel; layers
@@ -37,8 +40,6 @@
 // kernel would silently run SwiGLU and sum); E8M0 0xFF scales are errors, not NaN outputs.
 #include "moecore/runner/backends/flashinfer_mxfp4.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -50,7 +51,6 @@
 #include "moecore/formats/e8m0.h"
 #include "moecore/formats/layout.h"
 #include "moecore/kernels/activation.h"
-#include "moecore/kernels/convert.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/quant/quant_info.h"
 #include "moecore/runner/expert_compute.h"
@@ -303,62 +303,13 @@ void attach_kernel_layout(Mxfp4Moe& m, const Mxfp4KernelLayout& layout) {
   attach(m.w2, layout.w2_weight, layout.w2_weight_scale);
 }
 
-/// Every buffer run_moe writes, for calls of up to max_slots (token, slot) pairs: reserve
-/// grows them (never shrinks them), so that run_moe allocates nothing and a workspace reused
-/// across calls allocates only when a call needs more. Parallel loops run over `parts` (one per
-/// pool thread at reserve time), so each part's buffers have one user at a time. One call at a
-/// time: the caller holds `mutex` from reserve to the end of run_moe.
-struct Mxfp4Workspace {
-  struct Part {
-    std::vector<float> tile_bias;  // one work item's bias [kTile]
-    std::vector<float> acc, b2;    // finalize: one token's fp32 sum and one expert's b2, [K]
-    GemmScratch scratch;           // the kernel row's working memory
-  };
-  std::vector<int64_t> offsets, cursor, row_of_slot, expert_of_row, items;
-  std::vector<int64_t> item_parts;  // expert_gemm's split of its items: [parts + 1]
-  std::vector<float> a1, h1, h2, y;
-  std::vector<Part> parts;
-  int64_t max_slots = 0;
-  std::mutex mutex;
-
-  void reserve(const Mxfp4Moe& m, int64_t slots) {
-    const auto size = [](int64_t n) { return static_cast<size_t>(n); };
-    const auto grow = [&](auto& v, int64_t n) {
-      if (v.size() < size(n)) v.resize(size(n));
-    };
-    max_slots = slots;
-    offsets.resize(size(m.experts + 1));  // exact: run_moe reads the expert count from it
-    cursor.resize(size(m.experts));
-    grow(row_of_slot, slots);
-    grow(expert_of_row, slots);
-    grow(items, m.experts * std::max(2 * m.n, m.k) / kTile);
-    grow(a1, slots * m.k);
-    grow(h1, slots * 2 * m.n);
-    grow(h2, slots * m.n);
-    grow(y, slots * m.k);
-    const size_t scratch =
-        std::max(gemm_scratch_bytes(m.gemm, m.w13.kernel), gemm_scratch_bytes(m.gemm, m.w2.kernel));
-    parts.resize(size(ThreadPool::instance().num_threads()));
-    grow(item_parts, static_cast<int64_t>(parts.size()) + 1);
-    for (Part& p : parts) {
-      grow(p.tile_bias, kTile);
-      grow(p.acc, m.k);
-      grow(p.b2, m.k);
-      p.scratch.grow(scratch);
-    }
-  }
-};
-
 /// The workspace eager calls share (the op and the fused func; they take turns), so that a
-/// steady state allocates only its output: a fresh one per call would allocate and zero every
-/// thread's kernel scratch.
-const std::shared_ptr<Mxfp4Workspace>& eager_workspace() {
-  static const auto workspace = std::make_shared<Mxfp4Workspace>();
+/// steady state allocates only its output and local ids: a fresh one per call would allocate
+/// and zero every thread's kernel scratch.
+const std::shared_ptr<ExpertWorkspace>& eager_workspace() {
+  static const auto workspace = std::make_shared<ExpertWorkspace>();
   return workspace;
 }
-
-/// The first of the `count` items that part p of `parts` runs (contiguous, near-equal runs).
-int64_t part_begin(int64_t count, int64_t parts, int64_t p) { return count * p / parts; }
 
 /// Checks the contract scales of rows [r0, r0 + kTile) of expert e (one contiguous folded row
 /// tile of 64 · C/32 bytes) for the E8M0 NaN code; names the first such (row, K block).
@@ -382,158 +333,70 @@ void check_tile_scales(const Sm90Weight& w, int64_t e, int64_t r0) {
   }
 }
 
-/// One GEMM of the MLP over the experts' gathered rows (ws.offsets): for each (active expert,
-/// 64-row weight tile), in runs of near-equal cost per thread (an expert's rows plus the tile's
-/// streaming, as the shared schedule weighs its items; by that cost, equal counts of items gave the
-/// busiest of 16 threads 1.10× the mean at M = 1024 and 1.15× at M = 128 on the bench's
-/// Qwen3-30B-A3B routing, though timings on the 16-core Xeon showed no difference beyond its
-/// noise), checks the tile's contract scales and computes out[rows of e, tile] =
-/// in[rows of e] · tileᵀ with the kernel row on the packed kMxfp4 operand (fp32, canonical
-/// order), then bias (optional, bf16 [E, n_out]) and the bf16 rounding. A thread's items of one
-/// expert are consecutive tiles, computed by one call of the kernel row once all their scales are
-/// checked: each output's arithmetic is the same whatever columns a call has, and a call per tile
-/// (448 per Qwen3-30B-A3B forward at M = 1) took 1.1–1.7× the time of GPT-OSS-20B's layer at
-/// M = 1 and up to 1.1× Qwen3-30B-A3B's at M = 16 (one thread, Zen 4; bench/RESULTS.md).
-void expert_gemm(const Sm90Weight& w, const TensorView& bias, ScaledGemmFn gemm, const float* in,
-                 int64_t k_in, float* out, int64_t n_out, Mxfp4Workspace& ws) {
-  const int64_t experts = static_cast<int64_t>(ws.offsets.size()) - 1;
-  const int64_t tiles = n_out / kTile;
-  const int64_t* offsets = ws.offsets.data();
-  int64_t count = 0;  // items e · tiles + tile, for experts with rows, in order
-  for (int64_t e = 0; e < experts; ++e)
-    if (offsets[e + 1] > offsets[e])
-      for (int64_t t = 0; t < tiles; ++t) ws.items[count++] = e * tiles + t;
-  const int64_t parts = static_cast<int64_t>(ws.parts.size());
-  int64_t* begin = ws.item_parts.data();
-  split_by_cost(
-      count, parts,
-      [&](int64_t i) {
-        const int64_t e = ws.items[i] / tiles;
-        return offsets[e + 1] - offsets[e] + kWeightRowCost;
-      },
-      begin);
-  const bool has_bias = bias.data != nullptr;
-  parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
-    for (int64_t p = first_part; p < end_part; ++p) {
-      Mxfp4Workspace::Part& part = ws.parts[p];
-      float* b = part.tile_bias.data();
-      for (int64_t first = begin[p], last; first < begin[p + 1]; first = last) {
-        const int64_t e = ws.items[first] / tiles, r0 = (ws.items[first] % tiles) * kTile;
-        for (last = first + 1; last < begin[p + 1] && ws.items[last] / tiles == e;) ++last;
-        const int64_t cols = (last - first) * kTile, m = offsets[e + 1] - offsets[e];
-        for (int64_t c0 = 0; c0 < cols; c0 += kTile) check_tile_scales(w, e, r0 + c0);
-        float* dst = out + offsets[e] * n_out + r0;
-        ActivationCodes rows;  // bf16 activations, or the bf16-rounded fc1 activation
-        rows.codes = in + offsets[e] * k_in;
-        rows.bf16_exact = true;
-        rows.ld = k_in;
-        rows.scratch = &part.scratch;
-        gemm(rows, m, w.kernel, e, r0, cols, dst, n_out);
-        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-          if (has_bias) load_f32(bias.at({e, r0 + c0}), DType::kBF16, kTile, b);
-          for (int64_t r = 0; r < m; ++r) {
-            float* v = dst + r * n_out + c0;
-            if (has_bias)
-              for (int64_t c = 0; c < kTile; ++c) v[c] += b[c];
-            round_in_place(v, kTile, DType::kBF16);
-          }
-        }
-      }
-    }
-  });
+/// GEMM1's item check (ExpertMlp::check_gemm1_item): the contract scales of the weight tiles an
+/// item's GEMM1 columns read (the up and gate rows of its activation columns), and its share of
+/// the expert's GEMM2 tiles. An expert's items cover its activation columns [0, N), so their
+/// shares cover every GEMM2 tile, all checked before GEMM2 writes anything. A tile that two
+/// items' columns touch is checked by both.
+struct ContractScaleCheck {
+  Sm90Weight w13, w2;
+  int64_t n = 0;
+
+  void operator()(int64_t e, int64_t col0, int64_t cols) const {
+    for (const int64_t half : {int64_t{0}, n})  // fc1 rows [0, N) are up, [N, 2N) gate
+      for (int64_t r = (half + col0) / kTile * kTile; r < half + col0 + cols; r += kTile)
+        check_tile_scales(w13, e, r);
+    const int64_t tiles2 = w2.packed.shape[1] / kTile;
+    for (int64_t t = col0 * tiles2 / n; t < (col0 + cols) * tiles2 / n; ++t)
+      check_tile_scales(w2, e, t * kTile);
+  }
+};
+
+/// The contract's MLP on the shared static schedule (expert_compute.h), over m's attached
+/// kernel layout: GEMM1 on the kMxfp4 operand + b13, rounded to bf16, with the activation (the
+/// expert's swiglu when given) in its epilogue; GEMM2 without bias, rounded to bf16. b2 and the
+/// routed weight come in the top-k sum (run_moe).
+ExpertMlp mxfp4_mlp(const Mxfp4Moe& m) {
+  ExpertMlp mlp;
+  mlp.gemm1.weight = m.w13.kernel;
+  mlp.gemm1.bias = m.w13_bias;
+  mlp.gemm2.weight = m.w2.kernel;
+  mlp.activation.layout = GateUpLayout::kUpGate;
+  mlp.expert_alpha = m.swiglu_alpha;
+  mlp.expert_beta = m.swiglu_beta;
+  mlp.expert_limit = m.swiglu_limit;
+  mlp.check_gemm1_item = ContractScaleCheck{m.w13, m.w2, m.n};
+  mlp.act_dtype = DType::kBF16;
+  mlp.gemm = m.gemm;
+  mlp.hidden = m.k;
+  mlp.inter = m.n;
+  return mlp;
 }
 
 /// The MoE of the contract into out (bf16 [T, W], rows contiguous, W ≤ K: the first W columns
-/// of each token's result). Checks the ids first; allocates nothing (ws reserved for at least
-/// T·k slots, m's kernel layout attached).
-void run_moe(const Mxfp4Moe& m, const Mxfp4Tokens& in, Mxfp4Workspace& ws, const TensorView& out) {
+/// of each token's result). Checks the ids first and writes the call's local ids (i32 [T, k]:
+/// id − first_expert on this rank, else −1) into `local_ids`; allocates nothing when ws is
+/// reserved for T·k rows of `mlp`. The caller holds ws.mutex.
+void run_moe(const Mxfp4Moe& m, const ExpertMlp& mlp, const Mxfp4Tokens& in,
+             const TensorView& local_ids, ExpertWorkspace& ws, const TensorView& out) {
   check_ids(m, in);
-  const int64_t n = m.n, k = m.k, tokens = in.tokens, top_k = in.top_k, slots = tokens * top_k;
-  MOECORE_INTERNAL_CHECK(slots <= ws.max_slots && out.shape[1] <= k, "mxfp4 workspace for ",
-                         ws.max_slots, " slots, called with ", slots);
-
-  // Gather: the valid local (token, slot) pairs grouped by expert, in slot order t·k + j.
-  int64_t* offsets = ws.offsets.data();
-  std::fill(ws.offsets.begin(), ws.offsets.end(), 0);
-  for (int64_t s = 0; s < slots; ++s) {
-    const int64_t e = raw_id(in.ids, s / top_k, s % top_k) - m.first_expert;
-    if (e >= 0 && e < m.experts) ++offsets[e + 1];
-  }
-  for (int64_t e = 0; e < m.experts; ++e) offsets[e + 1] += offsets[e];
-  const int64_t rows = offsets[m.experts];
-  std::copy(offsets, offsets + m.experts, ws.cursor.begin());
-  int64_t* row_of_slot = ws.row_of_slot.data();
-  int64_t* expert_of_row = ws.expert_of_row.data();
-  float* a1 = ws.a1.data();
-  for (int64_t s = 0; s < slots; ++s) {
-    row_of_slot[s] = -1;
-    const int64_t e = raw_id(in.ids, s / top_k, s % top_k) - m.first_expert;
-    if (e < 0 || e >= m.experts) continue;
-    const int64_t r = ws.cursor[e]++;
-    row_of_slot[s] = r;
-    expert_of_row[r] = e;
-  }
-  // The copies on every thread: serial, they took 2.7 % of the calling thread's samples at
-  // 2 threads (Qwen3-30B-A3B, M = 1024, Zen 4, perf), a share that grows with the threads.
-  parallel_for(slots, [&](int64_t begin, int64_t end) {
-    for (int64_t s = begin; s < end; ++s)
-      if (row_of_slot[s] >= 0)
-        load_f32(in.x.at({s / top_k, 0}), DType::kBF16, k, a1 + row_of_slot[s] * k);
-  });
-
-  // GEMM1 (+ b13, bf16) → activation (bf16) → GEMM2 (bf16).
-  float* h1 = ws.h1.data();
-  float* h2 = ws.h2.data();
-  expert_gemm(m.w13, m.w13_bias, m.gemm, a1, k, h1, 2 * n, ws);
-  // Rows come grouped by expert: each run of one expert's rows is one call of the activation
-  // row, its spec carrying the expert's α, β and limit when the layer has them.
-  ActivationSpec spec;
-  spec.layout = GateUpLayout::kUpGate;
-  spec.round_dtype = DType::kBF16;
-  const bool swiglu = m.swiglu_alpha.data != nullptr;
-  const ActivationFn activate = activation_kernel(scaled_gemm_kernel_level(m.gemm));
-  parallel_for(rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r0 = begin, r1 = begin; r0 < end; r0 = r1) {
-      const int64_t e = expert_of_row[r0];
-      while (r1 < end && expert_of_row[r1] == e) ++r1;
-      ActivationSpec expert_spec = spec;
-      if (swiglu) {
-        expert_spec.alpha = m.swiglu_alpha.ptr<float>()[e];
-        expert_spec.beta = m.swiglu_beta.ptr<float>()[e];
-        expert_spec.clamp_limit = m.swiglu_limit.ptr<float>()[e];
-      }
-      activate(expert_spec, h1 + r0 * 2 * n, 2 * n, h2 + r0 * n, n, r1 - r0, n, 0, n);
+  int32_t* local = local_ids.ptr<int32_t>();
+  for (int64_t t = 0; t < in.tokens; ++t)
+    for (int64_t j = 0; j < in.top_k; ++j) {
+      const int64_t e = raw_id(in.ids, t, j) - m.first_expert;
+      local[t * in.top_k + j] = e >= 0 && e < m.experts ? static_cast<int32_t>(e) : -1;
     }
-  });
-  float* y = ws.y.data();
-  expert_gemm(m.w2, TensorView{}, m.gemm, h2, n, y, k, ws);
-
+  RoutedTokens tokens;
+  tokens.x = in.x;
+  tokens.topk_ids = local_ids;
+  tokens.topk_weights = in.weights;
+  tokens.num_tokens = in.tokens;
+  tokens.top_k = in.top_k;
+  ws.rows.group_slots(tokens, m.experts, /*with_scale=*/false);
+  expert_gemm1_phase(mlp, ws, token_rows(tokens), RowScaleAt::kNone);
   // Finalize: Σ_j w_j · (y_j + b2) in fp32, slot order, one bf16 rounding.
-  const bool has_b2 = m.w2_bias.data != nullptr;
-  const int64_t parts = static_cast<int64_t>(ws.parts.size());
-  parallel_for(parts, [&](int64_t first_part, int64_t end_part) {
-    for (int64_t p = first_part; p < end_part; ++p) {
-      float* acc = ws.parts[p].acc.data();
-      float* bias = ws.parts[p].b2.data();
-      for (int64_t t = part_begin(tokens, parts, p); t < part_begin(tokens, parts, p + 1); ++t) {
-        std::fill(acc, acc + k, 0.0f);
-        for (int64_t j = 0; j < top_k; ++j) {
-          const int64_t r = row_of_slot[t * top_k + j];
-          if (r < 0) continue;
-          const float w =
-              in.weights.ptr<float>()[t * in.weights.strides[0] + j * in.weights.strides[1]];
-          const float* yr = y + r * k;
-          if (has_b2) {
-            load_f32(m.w2_bias.at({expert_of_row[r], 0}), DType::kBF16, k, bias);
-            for (int64_t h = 0; h < k; ++h) acc[h] += w * (yr[h] + bias[h]);
-          } else {
-            for (int64_t h = 0; h < k; ++h) acc[h] += w * yr[h];
-          }
-        }
-        store_f32(acc, out.shape[1], DType::kBF16, out.at({t, 0}));
-      }
-    }
-  });
+  expert_gemm2_summed_phase(mlp, ws, RowScaleAt::kNone,
+                            TopkSum{&tokens, /*weighted=*/true, 1.0f, out, m.w2_bias});
 }
 
 }  // namespace
@@ -582,10 +445,12 @@ Tensor cutlass_fused_moe_mxfp4(const Mxfp4CutlassMoeArgs& a, ScaledGemmFn gemm) 
   if (in.tokens == 0) return out;
   const Mxfp4KernelLayout layout = derive_kernel_layout(m);
   attach_kernel_layout(m, layout);
-  Mxfp4Workspace& ws = *eager_workspace();
+  const ExpertMlp mlp = mxfp4_mlp(m);
+  const Tensor local_ids = Tensor::empty({in.tokens, in.top_k}, DType::kI32);
+  ExpertWorkspace& ws = *eager_workspace();
   std::lock_guard<std::mutex> lock(ws.mutex);
-  ws.reserve(m, in.tokens * in.top_k);
-  run_moe(m, in, ws, out.view());
+  ws.reserve(mlp, in.tokens * in.top_k);
+  run_moe(m, mlp, in, local_ids.view(), ws, out.view());
   return out;
 }
 
@@ -627,7 +492,7 @@ class Mxfp4FusedRun : public PreparedRun {
   /// `workspace`: shared by the calls that reuse it (eager calls share one), or this run's own.
   Mxfp4FusedRun(const DispatchOutputPtr& dispatch, const QuantInfoPtr& quant_info,
                 const MoeRunnerConfig& config, RunKind kind,
-                std::shared_ptr<Mxfp4Workspace> workspace)
+                std::shared_ptr<ExpertWorkspace> workspace)
       : PreparedRun(nullptr),
         dispatch_(dispatch),
         quant_info_(quant_info),
@@ -706,15 +571,17 @@ class Mxfp4FusedRun : public PreparedRun {
     attach_kernel_layout(moe_, kernel_layout_);
     attach_weight_tiles(q.weight_tiles.get(), moe_.w13.kernel);  // tiles of q.kernel_layout's
     attach_weight_tiles(q.weight_tiles.get(), moe_.w2.kernel);
-    if (!eager_) ws_->reserve(moe_, tokens * tokens_.top_k);  // so that replays allocate nothing
+    mlp_ = mxfp4_mlp(moe_);
+    local_ids_ = Tensor::empty({tokens, tokens_.top_k}, DType::kI32);
+    if (!eager_) ws_->reserve(mlp_, tokens * tokens_.top_k);  // so that replays allocate nothing
   }
 
   void run() override {
     if (tokens_.tokens == 0) return;  // R9
     if (padded_.defined()) copy_into_padded(x_.view(), padded_.view());
     std::lock_guard<std::mutex> lock(ws_->mutex);
-    if (eager_) ws_->reserve(moe_, tokens_.tokens * tokens_.top_k);  // the shared one: grows only
-    run_moe(moe_, tokens_, *ws_, out_);
+    if (eager_) ws_->reserve(mlp_, tokens_.tokens * tokens_.top_k);  // the shared one: grows only
+    run_moe(moe_, mlp_, tokens_, local_ids_.view(), *ws_, out_);
   }
 
  private:
@@ -725,8 +592,10 @@ class Mxfp4FusedRun : public PreparedRun {
   Tensor padded_;                    // zero-padded GEMM input [T, padded_hidden]; undefined if none
   Mxfp4KernelLayout kernel_layout_;  // what moe_'s kernel operands read
   Mxfp4Moe moe_;
+  ExpertMlp mlp_;     // moe_'s MLP on the shared schedule
   Mxfp4Tokens tokens_;
-  std::shared_ptr<Mxfp4Workspace> ws_;
+  Tensor local_ids_;  // i32 [T, k]: this rank's expert ids of the current call
+  std::shared_ptr<ExpertWorkspace> ws_;
   bool eager_;      // ws_ is the eager calls' shared workspace, reserved by each run
   TensorView out_;  // the combine input's bf16 [T, H]
 };
@@ -743,7 +612,7 @@ PreparedRunPtr prepare_standard_flashinfer_mxfp4(const DispatchOutputPtr& dispat
                                                  const QuantInfoPtr& quant_info,
                                                  const MoeRunnerConfig& config, MoeA2ABackend) {
   return std::make_unique<Mxfp4FusedRun>(dispatch, quant_info, config, RunKind::kPrepared,
-                                         std::make_shared<Mxfp4Workspace>());
+                                         std::make_shared<ExpertWorkspace>());
 }
 
 }  // namespace

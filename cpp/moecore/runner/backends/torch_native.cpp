@@ -199,7 +199,7 @@ class TorchNativePreparedRun : public PreparedRun {
       expert_gemm2_summed_phase(
           mlp_, workspace_, RowScaleAt::kNone,
           TopkSum{&tokens, /*weighted=*/true, config_.routed_scaling_factor.value_or(1.0f),
-                  result_.view()});
+                  result_.view(), /*bias=*/{}});
       return;
     }
     const TensorView slots = result_.view();

@@ -438,7 +438,7 @@ class TritonRunnerCore : public RunnerCore {
                               in.num_tokens_post_padded / kBlockM, kBlockM, tokens, w.num_experts,
                               /*with_scale=*/true);
     const TopkSum sum{&tokens, /*weighted=*/false, config_.routed_scaling_factor.value_or(1.0f),
-                      result.view()};
+                      result.view(), /*bias=*/{}};
     const TopkSum* summed = combine ? &sum : nullptr;
     const TensorView slots = combine ? TensorView{} : result.view();
     if (plan) {
@@ -540,7 +540,7 @@ class TritonPreparedRun : public PreparedRun {
                               padded / kBlockM, kBlockM, tokens, weights_.num_experts,
                               /*with_scale=*/true);
     const TopkSum sum{&tokens, /*weighted=*/false, config_.routed_scaling_factor.value_or(1.0f),
-                      result_.view()};
+                      result_.view(), /*bias=*/{}};
     const TopkSum* summed = config_.no_combine ? nullptr : &sum;
     const TensorView slots = config_.no_combine ? result_.view() : TensorView{};
     if (summed == nullptr) zero_view(slots);  // invalid slots stay 0
