@@ -527,36 +527,43 @@ TEST(ExpertScheduleTest, FusedEpiloguesGiveTheBitsOfTheUnfusedPipeline) {
 
 // GEMM2's phase with the top-k sum over its own rows gives the bits of the phase storing
 // per-slot rows followed by combine_topk: weighted and not, a routed scaling factor, ids −1,
-// bf16 and f32 activations, 1, 3 and 8 threads.
+// bf16 and f32 activations, 1, 3 and 8 threads; and with at most 8 rows an expert (one pass of
+// the avx512 rows: a part's blocks of one expert merge into one item, summed block by block).
 TEST(ExpertScheduleTest, SummedGemm2GivesTheBitsOfSlotRowsThenCombine) {
   std::mt19937 rng(37);
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
-    MoeProblem p = make_problem(rng, 11, 5, 96, 48, 3, dtype);
-    p.topk_ids.ptr<int32_t>()[4] = -1;  // token 1, slot 1
-    p.topk_ids.ptr<int32_t>()[9] = -1;  // token 3, slot 0
-    const Tensor b2 = testing::random_tensor(rng, {p.E, p.H}, dtype);
-    const ExpertWeights w = check_expert_weights("test", p.w13, p.w2, Tensor(), b2, true);
-    const ExpertMlp mlp =
-        dense_expert_mlp(w, ActivationSpec{}, scaled_gemm_kernel(current_isa_level()));
-    const RoutedTokens tokens =
-        check_routed_tokens("test", p.x, StandardTopKOutput{p.topk_weights, p.topk_ids, {}}, w);
-    for (bool weighted : {false, true})
-      for (int threads : {1, 3, 8}) {
-        SCOPED_TRACE(::testing::Message()
-                     << dtype_name(dtype) << " weighted=" << weighted << " threads=" << threads);
-        ThreadPool::instance().set_num_threads(threads);
-        const RowScaleAt scale_at = weighted ? RowScaleAt::kNone : RowScaleAt::kGemm2;
-        ExpertWorkspace ws;
-        ws.rows.group_slots(tokens, p.E, /*with_scale=*/true);
-        expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
-        const Tensor slots = Tensor::zeros({p.T, p.k, p.H}, dtype);
-        expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots.view()));
-        const Tensor want = Tensor::empty({p.T, p.H}, dtype);
-        combine_topk(tokens, slots.view(), weighted, 0.75f, want.view());
-        const Tensor got = Tensor::empty({p.T, p.H}, dtype);
-        expert_gemm2_summed_phase(mlp, ws, scale_at, TopkSum{&tokens, weighted, 0.75f, got.view()});
-        ASSERT_EQ(testing::to_floats(got), testing::to_floats(want));
-      }
+  struct Size {
+    int64_t T, E, H, I, k;
+  };
+  for (const Size size : {Size{11, 5, 96, 48, 3}, Size{6, 5, 256, 48, 2}}) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      MoeProblem p = make_problem(rng, size.T, size.E, size.H, size.I, size.k, dtype);
+      p.topk_ids.ptr<int32_t>()[4] = -1;  // two slots of no expert
+      p.topk_ids.ptr<int32_t>()[9] = -1;
+      const Tensor b2 = testing::random_tensor(rng, {p.E, p.H}, dtype);
+      const ExpertWeights w = check_expert_weights("test", p.w13, p.w2, Tensor(), b2, true);
+      const ExpertMlp mlp =
+          dense_expert_mlp(w, ActivationSpec{}, scaled_gemm_kernel(current_isa_level()));
+      const RoutedTokens tokens =
+          check_routed_tokens("test", p.x, StandardTopKOutput{p.topk_weights, p.topk_ids, {}}, w);
+      for (bool weighted : {false, true})
+        for (int threads : {1, 3, 8}) {
+          SCOPED_TRACE(::testing::Message() << "T=" << p.T << " " << dtype_name(dtype)
+                                            << " weighted=" << weighted << " threads=" << threads);
+          ThreadPool::instance().set_num_threads(threads);
+          const RowScaleAt scale_at = weighted ? RowScaleAt::kNone : RowScaleAt::kGemm2;
+          ExpertWorkspace ws;
+          ws.rows.group_slots(tokens, p.E, /*with_scale=*/true);
+          expert_gemm1_phase(mlp, ws, token_rows(tokens), scale_at);
+          const Tensor slots = Tensor::zeros({p.T, p.k, p.H}, dtype);
+          expert_gemm2_phase(mlp, ws, scale_at, slot_rows(slots.view()));
+          const Tensor want = Tensor::empty({p.T, p.H}, dtype);
+          combine_topk(tokens, slots.view(), weighted, 0.75f, want.view());
+          const Tensor got = Tensor::empty({p.T, p.H}, dtype);
+          expert_gemm2_summed_phase(mlp, ws, scale_at,
+                                    TopkSum{&tokens, weighted, 0.75f, got.view(), /*bias=*/{}});
+          ASSERT_EQ(testing::to_floats(got), testing::to_floats(want));
+        }
+    }
   }
   ThreadPool::instance().set_num_threads(available_cpus());
 }
@@ -613,7 +620,8 @@ TEST(ExpertScheduleTest, SummedGemm2AddsASumBiasAfterRoundingAndTrimsTheOutput) 
 // that throws fails the call with its own error before GEMM2 writes anything.
 TEST(ExpertScheduleTest, PerExpertSwigluAndTheGemm1ItemCheck) {
   std::mt19937 rng(43);
-  const MoeProblem p = make_problem(rng, 7, 4, 64, 96, 2, DType::kBF16);
+  // H = 2048: 8 KiB of w13 per activation column, so an expert's 256 columns are 4 L2 blocks.
+  const MoeProblem p = make_problem(rng, 7, 4, 2048, 256, 2, DType::kBF16);
   const ExpertWeights w = check_expert_weights("test", p.w13, p.w2, Tensor(), Tensor(), true);
   ActivationSpec spec;
   spec.layout = GateUpLayout::kUpGate;
@@ -644,6 +652,9 @@ TEST(ExpertScheduleTest, PerExpertSwigluAndTheGemm1ItemCheck) {
     ws.rows.group_slots(tokens, p.E, /*with_scale=*/false);
     const Tensor got = Tensor::zeros({p.T * p.k, p.H}, DType::kBF16);
     run_expert_mlp(mlp, ws, token_rows(tokens), RowScaleAt::kNone, got.view());
+    int64_t most_rows = 0;
+    for (int64_t e = 0; e < p.E; ++e)
+      most_rows = std::max(most_rows, ws.rows.offsets[e + 1] - ws.rows.offsets[e]);
     for (int64_t e = 0; e < p.E; ++e) {
       if (ws.rows.offsets[e + 1] == ws.rows.offsets[e]) {
         EXPECT_TRUE(seen[e].empty()) << "expert " << e;
@@ -656,6 +667,11 @@ TEST(ExpertScheduleTest, PerExpertSwigluAndTheGemm1ItemCheck) {
         covered = col0 + cols;
       }
       EXPECT_EQ(covered, p.I) << "expert " << e;
+      // One thread runs every block of an expert; with no more rows than one pass of the row
+      // serves (an expert has at most 7 here), they merge into one item, else stay 4.
+      if (threads == 1)
+        EXPECT_EQ(seen[e].size(), most_rows <= scaled_gemm_one_pass_rows(mlp.gemm) ? 1u : 4u)
+            << "expert " << e;
       ExpertMlp alone = dense_expert_mlp(w, spec, mlp.gemm);
       alone.activation.alpha = alpha[e];
       alone.activation.beta = beta[e];

@@ -227,23 +227,33 @@ struct KernelRow {
   bool amx_float_tiles = false;     // taken only when asked for
   bool reads_weight_tiles = false;  // streams WeightOperand::tiles when given
   int64_t min_call_columns = 0;     // see scaled_gemm_min_call_columns
+  int64_t one_pass_rows = 1;        // see scaled_gemm_one_pass_rows
 };
+
+// One pass over the weights: up to 8 rows in the avx512 and avx512_bf16 walks (2 channels × 8
+// rows, x86/weight_streams.h; the amx row walks the same way below its AMX tiles' sizes), up to
+// 4 in the avx2 walk (1 channel × 4 rows). The scalar row and the AMX float tiles: 1 (not relied
+// on).
+constexpr int64_t kWalkOnePassRows = 8, kAvx2OnePassRows = 4;
 
 constexpr KernelRow kKernelRows[] = {
 #ifdef MOECORE_COMPILED_AMX
     {scaled_gemm_amx_tiles, IsaLevel::kAmx, "amx_float_tiles", scaled_gemm_amx_tiles_scratch_bytes,
      true, false, kAmxTilesSuperColumns},
-    {scaled_gemm_amx, IsaLevel::kAmx, "amx", scaled_gemm_amx_scratch_bytes, false, true},
+    {scaled_gemm_amx, IsaLevel::kAmx, "amx", scaled_gemm_amx_scratch_bytes, false, true, 0,
+     kWalkOnePassRows},
 #endif
 #ifdef MOECORE_COMPILED_AVX512BF16
     {scaled_gemm_avx512_bf16, IsaLevel::kAvx512Bf16, "avx512_bf16",
-     scaled_gemm_avx512_bf16_scratch_bytes, false, true},
+     scaled_gemm_avx512_bf16_scratch_bytes, false, true, 0, kWalkOnePassRows},
 #endif
 #ifdef MOECORE_COMPILED_AVX512
-    {scaled_gemm_avx512, IsaLevel::kAvx512, "avx512", scaled_gemm_avx512_scratch_bytes},
+    {scaled_gemm_avx512, IsaLevel::kAvx512, "avx512", scaled_gemm_avx512_scratch_bytes, false,
+     false, 0, kWalkOnePassRows},
 #endif
 #ifdef MOECORE_COMPILED_AVX2
-    {scaled_gemm_avx2, IsaLevel::kAvx2, "avx2", scaled_gemm_avx2_scratch_bytes},
+    {scaled_gemm_avx2, IsaLevel::kAvx2, "avx2", scaled_gemm_avx2_scratch_bytes, false, false, 0,
+     kAvx2OnePassRows},
 #endif
     {scaled_gemm_ref, IsaLevel::kScalar, "scalar", scaled_gemm_ref_scratch_bytes},
 };
@@ -272,6 +282,10 @@ bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel) {
 
 int64_t scaled_gemm_min_call_columns(ScaledGemmFn kernel) {
   return kernel_row(kernel, "scaled_gemm_min_call_columns").min_call_columns;
+}
+
+int64_t scaled_gemm_one_pass_rows(ScaledGemmFn kernel) {
+  return kernel_row(kernel, "scaled_gemm_one_pass_rows").one_pass_rows;
 }
 
 IsaLevel scaled_gemm_kernel_level(ScaledGemmFn kernel) {

@@ -284,6 +284,12 @@ bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel);
 /// rows once per 512 weight rows, so narrower calls spend more on packing than on the tiles.
 int64_t scaled_gemm_min_call_columns(ScaledGemmFn kernel);
 
+/// The most activation rows a call of row `kernel` serves from one read of each weight row (its
+/// row tiles walk the weights once for up to this many rows). A schedule need not cut the
+/// columns of experts with no more rows into cache-sized blocks: their weights stream once
+/// whatever the call's width, and narrower calls only pay more per-call costs.
+int64_t scaled_gemm_one_pass_rows(ScaledGemmFn kernel);
+
 /// The ISA level row `kernel` (a row of this build) needs: the level its epilogues run at.
 IsaLevel scaled_gemm_kernel_level(ScaledGemmFn kernel);
 

@@ -329,28 +329,58 @@ T* grown(std::vector<T>& v, int64_t n) {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How many blocks plan_items cuts each hit expert's `columns` into, at most (their width rounds
-// up to `align`): enough to fit L2 and, with `hit` experts hit, for `parts` threads all to work.
-// The most when one expert is hit.
+// up to `align`): enough to fit L2 when a call reads its weights more than once (`rereads`) and,
+// with `hit` experts hit, for `parts` threads all to work. The most when one expert is hit.
 int64_t max_column_blocks(int64_t columns, int64_t column_bytes, int64_t align,
-                          int64_t min_columns, int parts, int64_t hit) {
-  const int64_t by_cache = ceil_div(columns * column_bytes, kBlockWeightBytes);
+                          int64_t min_columns, int parts, int64_t hit, bool rereads = true) {
+  const int64_t by_cache = rereads ? ceil_div(columns * column_bytes, kBlockWeightBytes) : 1;
   const int64_t by_threads = hit > 0 ? ceil_div(2 * parts, hit) : 1;
   return std::min(std::max(by_cache, by_threads),
                   ceil_div(columns, std::max(align, min_columns)));
 }
 
-// The work items of one GEMM over `columns` output columns (column_bytes weight bytes each):
-// each hit expert's columns in equal blocks (multiples of `align`, and of at least min_columns
-// where the columns allow), small enough for L2 and numerous enough that `parts` threads all work
-// when few experts are hit; then part_begin cuts the items into `parts` contiguous runs of
-// near-equal cost. Blocks only decide who computes an output, never how, so they do not change
-// any result.
-void plan_items(const ExpertRowMap& rows, int64_t columns, int64_t column_bytes, int64_t align,
-                int64_t min_columns, int parts, std::vector<ExpertWorkspace::Item>& items,
-                std::vector<int64_t>& part_begin) {
-  int64_t hit = 0;
-  for (int64_t e = 0; e < rows.num_experts(); ++e) hit += rows.offsets[e + 1] > rows.offsets[e];
-  const int64_t blocks = max_column_blocks(columns, column_bytes, align, min_columns, parts, hit);
+// Within each part, consecutive items of one expert whose columns follow on merge into one item.
+void merge_part_runs(std::vector<ExpertWorkspace::Item>& items, std::vector<int64_t>& part_begin) {
+  const size_t parts = part_begin.size() - 1;
+  int64_t kept = 0;
+  for (size_t p = 0; p < parts; ++p) {
+    const int64_t first = part_begin[p], last = part_begin[p + 1];
+    part_begin[p] = kept;
+    for (int64_t i = first; i < last; ++i) {
+      const ExpertWorkspace::Item item = items[static_cast<size_t>(i)];
+      ExpertWorkspace::Item* previous = kept > part_begin[p] ? &items[kept - 1] : nullptr;
+      if (previous != nullptr && previous->expert == item.expert &&
+          previous->col + previous->cols == item.col)
+        previous->cols += item.cols;
+      else
+        items[static_cast<size_t>(kept++)] = item;
+    }
+  }
+  part_begin[parts] = kept;
+  items.resize(static_cast<size_t>(kept));
+}
+
+// The work items of one GEMM of kernel row `gemm` over `columns` output columns (column_bytes
+// weight bytes each): each hit expert's columns in equal blocks (multiples of `align`, and of at
+// least min_columns where the columns allow), small enough for L2 and numerous enough that
+// `parts` threads all work when few experts are hit; then part_begin cuts the items into `parts`
+// contiguous runs of near-equal cost. When no expert has more rows than one pass of the row
+// serves, each weight streams once per call whatever the call's width, so a part's consecutive
+// blocks of one expert merge into one item: fewer, wider calls (a GPT-OSS-20B bf16 layer at
+// M = 1 took 0.91× the time, one thread; bench/RESULTS.md). Returns the blocks' width (every
+// block's but an expert's last, which may be narrower; a merged item spans whole blocks). Blocks
+// and items only decide who computes an output, never how: no result changes.
+int64_t plan_items(const ExpertRowMap& rows, ScaledGemmFn gemm, int64_t columns,
+                   int64_t column_bytes, int64_t align, int parts,
+                   std::vector<ExpertWorkspace::Item>& items, std::vector<int64_t>& part_begin) {
+  int64_t hit = 0, most_rows = 0;
+  for (int64_t e = 0; e < rows.num_experts(); ++e) {
+    const int64_t m = rows.offsets[e + 1] - rows.offsets[e];
+    hit += m > 0;
+    most_rows = std::max(most_rows, m);
+  }
+  const int64_t blocks = max_column_blocks(columns, column_bytes, align,
+                                           scaled_gemm_min_call_columns(gemm), parts, hit);
   const int64_t cols = ceil_div(ceil_div(columns, blocks), align) * align;
   items.clear();
   for (int64_t e = 0; e < rows.num_experts(); ++e) {
@@ -366,6 +396,8 @@ void plan_items(const ExpertRowMap& rows, int64_t columns, int64_t column_bytes,
         return it.cols * (rows.offsets[it.expert + 1] - rows.offsets[it.expert] + kWeightRowCost);
       },
       part_begin.data());
+  if (most_rows <= scaled_gemm_one_pass_rows(gemm)) merge_part_runs(items, part_begin);
+  return cols;
 }
 
 // Weight bytes of one output column of `w` (one weight row).
@@ -479,10 +511,8 @@ struct Gemm2Items {
     in = input_codes(g2, mlp.act_dtype, ws.h2_.data(), ws.rows.rows(), ws.scales2_,
                      quantized_in_gemm1);
     in.tag = new_activation_tag();
-    plan_items(ws.rows, n, weight_row_bytes(g2.weight), kColumnAlign,
-               scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_,
-               ws.part_begin_);
-    block_cols = ws.items_.empty() ? n : ws.items_.front().cols;
+    block_cols = plan_items(ws.rows, mlp.gemm, n, weight_row_bytes(g2.weight), kColumnAlign,
+                            schedule_parts(), ws.items_, ws.part_begin_);
   }
 
   const float* y() const { return ws.y_.data(); }
@@ -590,8 +620,8 @@ void expert_gemm1_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, SourceRowFn l
   };
   const ActivationFn activate = activation_kernel(scaled_gemm_kernel_level(mlp.gemm));
   const int64_t w1_bytes = weight_row_bytes(g1.weight) * (n1 / inter);
-  plan_items(rows, inter, w1_bytes, gemm1_column_align(mlp, quantize2),
-             scaled_gemm_min_call_columns(mlp.gemm), schedule_parts(), ws.items_, ws.part_begin_);
+  plan_items(rows, mlp.gemm, inter, w1_bytes, gemm1_column_align(mlp, quantize2), schedule_parts(),
+             ws.items_, ws.part_begin_);
   float* bias_rows = grown(ws.bias_, static_cast<int64_t>(ws.part_begin_.size() - 1) * n1);
   for_each_item(
       in, rows, ws.items_, ws.part_begin_, ws.scratch_,
@@ -721,14 +751,16 @@ void expert_gemm2_summed_phase(const ExpertMlp& mlp, ExpertWorkspace& ws, RowSca
   items.run(
       mlp, scale_at,
       [&](const ExpertWorkspace::Item& item) {
-        const int64_t b = item.col / items.block_cols;
-        for (int64_t r = rows.offsets[item.expert]; r < rows.offsets[item.expert + 1]; ++r) {
-          const int64_t t = rows.dest[r] / k;
-          // acq_rel: the item that finishes the token's last row of the block sees every other
-          // item's rows of it, and sums them.
-          if (pending[t * blocks + b].fetch_sub(1, std::memory_order_acq_rel) == 1)
-            sum_token_span(tokens, t, item.col, std::min(item.col + item.cols, width),
-                           sum.weighted, sum.routed_scaling_factor, sum.out, slot);
+        for (int64_t c0 = item.col; c0 < item.col + item.cols; c0 += items.block_cols) {
+          const int64_t b = c0 / items.block_cols, c1 = std::min(c0 + items.block_cols, width);
+          for (int64_t r = rows.offsets[item.expert]; r < rows.offsets[item.expert + 1]; ++r) {
+            const int64_t t = rows.dest[r] / k;
+            // acq_rel: the item that finishes the token's last row of the block sees every other
+            // item's rows of it, and sums them.
+            if (pending[t * blocks + b].fetch_sub(1, std::memory_order_acq_rel) == 1)
+              sum_token_span(tokens, t, c0, c1, sum.weighted, sum.routed_scaling_factor, sum.out,
+                             slot);
+          }
         }
       },
       [&](int64_t part, int64_t parts) {  // tokens with no row: their zeros, a share per part
