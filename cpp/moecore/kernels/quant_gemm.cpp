@@ -232,8 +232,8 @@ struct KernelRow {
 
 // One pass over the weights: up to 8 rows in the avx512 and avx512_bf16 walks (2 channels × 8
 // rows, x86/weight_streams.h; the amx row walks the same way below its AMX tiles' sizes), up to
-// 4 in the avx2 walk (1 channel × 4 rows). The scalar row and the AMX float tiles: 1 (not relied
-// on).
+// 4 in the avx2 walk (1 channel × 4 rows). The scalar row and the AMX float tiles: 1, so that a
+// schedule keeps its L2 blocks for them whenever an expert has two rows or more.
 constexpr int64_t kWalkOnePassRows = 8, kAvx2OnePassRows = 4;
 
 constexpr KernelRow kKernelRows[] = {

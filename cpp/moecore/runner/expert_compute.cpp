@@ -329,11 +329,11 @@ T* grown(std::vector<T>& v, int64_t n) {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // How many blocks plan_items cuts each hit expert's `columns` into, at most (their width rounds
-// up to `align`): enough to fit L2 when a call reads its weights more than once (`rereads`) and,
-// with `hit` experts hit, for `parts` threads all to work. The most when one expert is hit.
+// up to `align`): enough to fit L2 and, with `hit` experts hit, for `parts` threads all to work.
+// The most when one expert is hit.
 int64_t max_column_blocks(int64_t columns, int64_t column_bytes, int64_t align,
-                          int64_t min_columns, int parts, int64_t hit, bool rereads = true) {
-  const int64_t by_cache = rereads ? ceil_div(columns * column_bytes, kBlockWeightBytes) : 1;
+                          int64_t min_columns, int parts, int64_t hit) {
+  const int64_t by_cache = ceil_div(columns * column_bytes, kBlockWeightBytes);
   const int64_t by_threads = hit > 0 ? ceil_div(2 * parts, hit) : 1;
   return std::min(std::max(by_cache, by_threads),
                   ceil_div(columns, std::max(align, min_columns)));
