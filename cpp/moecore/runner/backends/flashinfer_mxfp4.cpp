@@ -226,13 +226,16 @@ Mxfp4Tokens check_tokens(const Mxfp4Moe& m, const Mxfp4CutlassMoeArgs& a) {
   return in;
 }
 
-/// The data-dependent check, before any work: every id in [-1, E·ep_size).
-void check_ids(const Mxfp4Moe& m, const Mxfp4Tokens& in) {
+/// The data-dependent check, before any work: every id in [-1, E·ep_size). Writes the call's
+/// local ids into `local` (i32 [T, k]): id − first_expert for this rank's experts, else −1.
+void localize_ids(const Mxfp4Moe& m, const Mxfp4Tokens& in, int32_t* local) {
   for (int64_t t = 0; t < in.tokens; ++t)
     for (int64_t j = 0; j < in.top_k; ++j) {
-      const int64_t e = raw_id(in.ids, t, j);
-      MOECORE_CHECK_INDEX(e >= -1 && e < m.global_experts, kApi, ": topk_ids must be in [-1, ",
-                          m.global_experts, ") (E·ep_size), got ", e, " at [", t, ", ", j, "]");
+      const int64_t id = raw_id(in.ids, t, j);
+      MOECORE_CHECK_INDEX(id >= -1 && id < m.global_experts, kApi, ": topk_ids must be in [-1, ",
+                          m.global_experts, ") (E·ep_size), got ", id, " at [", t, ", ", j, "]");
+      const int64_t e = id - m.first_expert;
+      local[t * in.top_k + j] = e >= 0 && e < m.experts ? static_cast<int32_t>(e) : -1;
     }
 }
 
@@ -374,18 +377,11 @@ ExpertMlp mxfp4_mlp(const Mxfp4Moe& m) {
 }
 
 /// The MoE of the contract into out (bf16 [T, W], rows contiguous, W ≤ K: the first W columns
-/// of each token's result). Checks the ids first and writes the call's local ids (i32 [T, k]:
-/// id − first_expert on this rank, else −1) into `local_ids`; allocates nothing when ws is
-/// reserved for T·k rows of `mlp`. The caller holds ws.mutex.
+/// of each token's result). Checks the ids first (localize_ids, into `local_ids`, i32 [T, k]);
+/// allocates nothing when ws is reserved for T·k rows of `mlp`. The caller holds ws.mutex.
 void run_moe(const Mxfp4Moe& m, const ExpertMlp& mlp, const Mxfp4Tokens& in,
              const TensorView& local_ids, ExpertWorkspace& ws, const TensorView& out) {
-  check_ids(m, in);
-  int32_t* local = local_ids.ptr<int32_t>();
-  for (int64_t t = 0; t < in.tokens; ++t)
-    for (int64_t j = 0; j < in.top_k; ++j) {
-      const int64_t e = raw_id(in.ids, t, j) - m.first_expert;
-      local[t * in.top_k + j] = e >= 0 && e < m.experts ? static_cast<int32_t>(e) : -1;
-    }
+  localize_ids(m, in, local_ids.ptr<int32_t>());
   RoutedTokens tokens;
   tokens.x = in.x;
   tokens.topk_ids = local_ids;
