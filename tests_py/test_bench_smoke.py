@@ -19,7 +19,8 @@ BEST_PEAK = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16", "avx512": "avx512_
 
 def _config(**changes):
     kw = dict(shapes=["tiny"], formats=list(bench.FORMATS), tokens=[1, 5], threads=[1, 2],
-              repeats=2, max_seconds=0.2, bandwidth_bytes=8 << 20, probe_seconds=0.01)
+              repeats=2, max_seconds=0.2, bandwidth_bytes=8 << 20, probe_seconds=0.01,
+              peer_settle_seconds=0.0)
     return bench.BenchConfig(**{**kw, **changes})
 
 
@@ -169,3 +170,28 @@ def test_caches_are_evicted_before_every_timed_call_unless_warm(machine, monkeyp
     assert made[0].calls >= row["repeats"] + 1
     bench.run(_config(formats=["bf16"], threads=[1], tokens=[3], peers=[], cold=False), machine)
     assert len(made) == 1
+
+
+def test_moecore_is_timed_only_after_the_peers_threads_settle(machine, monkeypatch):
+    """The peers' OpenMP threads spin for a while after a call: each row pauses for
+    peer_settle_seconds after its last peer call and before moecore's first timed call, and a
+    run without peers does not pause."""
+    events = []
+    monkeypatch.setattr(bench.time, "sleep", lambda s: events.append(("sleep", s)))
+    real = bench._median_seconds
+
+    def recording(fn, *args, **kwargs):
+        events.append(("timed", fn))
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "_median_seconds", recording)
+    config = _config(formats=["bf16"], threads=[1], tokens=[3, 4], peers=["torch_eager_f32"],
+                     peer_settle_seconds=0.25)
+    rows, failures, _ = bench.run(config, machine)
+    assert failures == [] and len(rows) == 2
+    # per row: the pause, moecore's timing, then the peer's
+    assert [e[0] if e[0] == "timed" else e for e in events] == [
+        ("sleep", 0.25), "timed", "timed"] * 2
+    events.clear()
+    bench.run(_config(formats=["bf16"], threads=[1], tokens=[3], peers=[]), machine)
+    assert [e[0] for e in events] == ["timed"]

@@ -54,6 +54,11 @@ class BenchConfig:
     probe_seconds: float = 0.3
     seed: int = 0
     cold: bool = True  # evict the caches before every timed call
+    # Before moecore is timed, the peers' thread pools get this long to go idle: PyTorch's
+    # OpenMP threads keep spinning after a call (up to ~200 ms, KMP_BLOCKTIME's default), and
+    # moecore's threads timed then shared the cores with them (Qwen3-30B-A3B mxfp4, M = 16,
+    # 2 threads: 12.5-16 ms for the calls within ~150 ms of a peer call, 7.2 ms after).
+    peer_settle_seconds: float = 0.3
 
 
 def cache_bytes() -> int:
@@ -238,6 +243,8 @@ def _row(config, machine, torch, layer, runner, inputs, threads, x, weights, ids
             peer_calls[name] = f"MISMATCH (NMSE {error_stats(out, expected)['nmse']:.1e})"
             continue
         checked[name] = peer_first
+    if config.peers:
+        time.sleep(config.peer_settle_seconds)
     seconds, repeats = _median_seconds(call, config.repeats, config.max_seconds, first, evict)
     valid = int(np.count_nonzero(ids >= 0))
     touched = int(np.unique(ids[ids >= 0]).size)
