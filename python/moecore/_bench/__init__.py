@@ -55,7 +55,7 @@ class BenchConfig:
     seed: int = 0
     cold: bool = True  # evict the caches before every timed call
     # Before moecore is timed, the peers' thread pools get this long to go idle: PyTorch's
-    # OpenMP threads keep spinning after a call (up to ~200 ms, KMP_BLOCKTIME's default), and
+    # OpenMP threads keep spinning after a call (for about 150 ms on the 2-core machine), and
     # moecore's threads timed then shared the cores with them (Qwen3-30B-A3B mxfp4, M = 16,
     # 2 threads: 12.5-16 ms for the calls within ~150 ms of a peer call, 7.2 ms after).
     peer_settle_seconds: float = 0.3
