@@ -650,7 +650,7 @@ BAD_INPUT = [
      r"swiglu_limit"),
     ("ids-out-of-range", _kernel_case(_set(token_selected_experts=np.array([[0, 2], [1, 0]],
                                                                            np.int32))),
-     IndexError, r"topk_ids must be in \[-1, 2\)"),
+     IndexError, r"expected topk_ids in \[-1, 2\) \(global expert ids\), got 2 at \[0, 1\]"),
     ("ids-below-minus-one", _kernel_case(_set(token_selected_experts=np.array(
         [[0, -2], [1, 0]], np.int32))), IndexError, r"topk_ids"),
     ("weights-f16", _kernel_case(_set(token_final_scales=np.full((2, 2), 0.5, np.float16))),

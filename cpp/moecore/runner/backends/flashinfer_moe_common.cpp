@@ -43,27 +43,6 @@ void scale_output(const Tensor& out, const std::optional<float>& rsf) {
   });
 }
 
-/// Global ids [T, k] (i32/i64, shape checked) → local ids into dst (contiguous i32 [T, k]): id −
-/// offset when in [offset, offset + local), −1 otherwise (other ranks' experts, −1, and
-/// `id_limit` when allow_invalid_id). Ids outside [−1, id_limit) (id_limit itself allowed only
-/// with allow_invalid_id) → OutOfRange.
-void localize_expert_ids(const char* api, const TensorView& ids, int64_t offset, int64_t num_local,
-                         int64_t id_limit, bool allow_invalid_id, int32_t* dst) {
-  const int64_t rows = ids.shape[0], cols = ids.shape[1];
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t off = t * ids.strides[0] + j * ids.strides[1];
-      const int64_t e =
-          ids.dtype == DType::kI32 ? ids.ptr<int32_t>()[off] : ids.ptr<int64_t>()[off];
-      const bool ok = (e >= -1 && e < id_limit) || (allow_invalid_id && e == id_limit);
-      MOECORE_CHECK_INDEX(ok, api, ": expected topk_ids in [-1, ", id_limit, ")",
-                          allow_invalid_id ? str_cat(" or the invalid-token id ", id_limit) : "",
-                          " (global expert ids), got ", e, " at [", t, ", ", j, "]");
-      dst[t * cols + j] =
-          e >= offset && e < offset + num_local ? static_cast<int32_t>(e - offset) : -1;
-    }
-}
-
 /// Swizzled byte view [B, Mp, Kbp] (any strides) → linear bytes [B, rows, kb] (contiguous).
 void unswizzle_into(const TensorView& swizzled, int64_t rows, int64_t kb, uint8_t* linear) {
   const int64_t groups = swizzled.shape[0], kbp = swizzled.shape[2];
@@ -83,6 +62,24 @@ void unswizzle_into(const TensorView& swizzled, int64_t rows, int64_t kb, uint8_
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+
+void localize_expert_ids(const char* api, const TensorView& ids, int64_t offset, int64_t num_local,
+                         int64_t id_limit, bool allow_invalid_id, int32_t* dst) {
+  const int64_t rows = ids.shape[0], cols = ids.shape[1];
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t off = t * ids.strides[0] + j * ids.strides[1];
+      const int64_t e =
+          ids.dtype == DType::kI32 ? ids.ptr<int32_t>()[off] : ids.ptr<int64_t>()[off];
+      const bool ok = (e >= -1 && e < id_limit) || (allow_invalid_id && e == id_limit);
+      MOECORE_CHECK_INDEX(ok, api, ": expected topk_ids in [-1, ", id_limit, ")",
+                          allow_invalid_id ? str_cat(" or the invalid-token id ", id_limit) : "",
+                          " (global expert ids), got ", e, " at [", t, ", ", j, "]");
+      dst[t * cols + j] =
+          e >= offset && e < offset + num_local ? static_cast<int32_t>(e - offset) : -1;
+    }
+}
+
 
 FlashinferInput flashinfer_input(const char* api, const DispatchOutputPtr& dispatch,
                                  bool flashinfer_a2a, bool require_standard_topk, bool capture) {

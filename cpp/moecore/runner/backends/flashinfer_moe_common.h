@@ -1,4 +1,5 @@
-// Shared pieces of the FlashInfer runner backends (flashinfer_cutlass, flashinfer_cutedsl): the
+// Shared pieces of the FlashInfer runner backends (flashinfer_cutlass, flashinfer_cutedsl; the id
+// check of flashinfer_mxfp4): the
 // token-major run both fused funcs are (global → local expert ids, the routed expert MLP, the
 // weighted top-k combine), prepared once and replayed without allocating; activation quantizers
 // (NVFP4, FP8 static); NVFP4 input scales and argument checks. Not a public API: only the backend
@@ -163,6 +164,13 @@ Tensor linear_from_swizzled(const char* api, const char* what, const Tensor& swi
 /// kF8E4M3 [E, rows, kb].
 Tensor linear_from_mma(const char* api, const char* what, const Tensor& mma, int64_t e,
                        int64_t rows, int64_t kb);
+
+/// Global ids [T, k] (i32/i64, shape checked) → local ids into dst (contiguous i32 [T, k]): id −
+/// offset when in [offset, offset + local), −1 otherwise (other ranks' experts, −1, and
+/// `id_limit` when allow_invalid_id). Ids outside [−1, id_limit) (id_limit itself allowed only
+/// with allow_invalid_id) → OutOfRange.
+void localize_expert_ids(const char* api, const TensorView& ids, int64_t offset, int64_t num_local,
+                         int64_t id_limit, bool allow_invalid_id, int32_t* dst);
 
 /// "(8,)" / "(8, 2)": a shape as Python prints a tuple (for sglang's messages).
 std::string python_shape(const std::vector<int64_t>& shape);

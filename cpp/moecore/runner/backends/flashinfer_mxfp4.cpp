@@ -53,6 +53,7 @@
 #include "moecore/kernels/activation.h"
 #include "moecore/kernels/quant_gemm.h"
 #include "moecore/quant/quant_info.h"
+#include "moecore/runner/backends/flashinfer_moe_common.h"
 #include "moecore/runner/expert_compute.h"
 #include "moecore/runner/registry.h"
 
@@ -142,11 +143,6 @@ struct Mxfp4Tokens {
   int64_t tokens = 0, top_k = 0;
 };
 
-int64_t raw_id(const TensorView& ids, int64_t t, int64_t j) {
-  const int64_t off = t * ids.strides[0] + j * ids.strides[1];
-  return ids.dtype == DType::kI32 ? ids.ptr<int32_t>()[off] : ids.ptr<int64_t>()[off];
-}
-
 TensorView view_or_none(const Tensor& t) { return t.defined() ? t.view() : TensorView{}; }
 
 Mxfp4Moe check_moe(const Mxfp4CutlassMoeArgs& a, ScaledGemmFn gemm) {
@@ -224,19 +220,6 @@ Mxfp4Tokens check_tokens(const Mxfp4Moe& m, const Mxfp4CutlassMoeArgs& a) {
   in.ids = ids.view();
   in.weights = wts.view();
   return in;
-}
-
-/// The data-dependent check, before any work: every id in [-1, E·ep_size). Writes the call's
-/// local ids into `local` (i32 [T, k]): id − first_expert for this rank's experts, else −1.
-void localize_ids(const Mxfp4Moe& m, const Mxfp4Tokens& in, int32_t* local) {
-  for (int64_t t = 0; t < in.tokens; ++t)
-    for (int64_t j = 0; j < in.top_k; ++j) {
-      const int64_t id = raw_id(in.ids, t, j);
-      MOECORE_CHECK_INDEX(id >= -1 && id < m.global_experts, kApi, ": topk_ids must be in [-1, ",
-                          m.global_experts, ") (E·ep_size), got ", id, " at [", t, ", ", j, "]");
-      const int64_t e = id - m.first_expert;
-      local[t * in.top_k + j] = e >= 0 && e < m.experts ? static_cast<int32_t>(e) : -1;
-    }
 }
 
 /// One tensor of a quant info's kernel_layout, checked against the contract's shapes.
@@ -377,11 +360,14 @@ ExpertMlp mxfp4_mlp(const Mxfp4Moe& m) {
 }
 
 /// The MoE of the contract into out (bf16 [T, W], rows contiguous, W ≤ K: the first W columns
-/// of each token's result). Checks the ids first (localize_ids, into `local_ids`, i32 [T, k]);
-/// allocates nothing when ws is reserved for T·k rows of `mlp`. The caller holds ws.mutex.
+/// of each token's result). Checks the ids first (every id in [-1, E·ep_size)) and writes the
+/// call's local ids into `local_ids` (i32 [T, k]: this rank's experts, else −1); allocates
+/// nothing when ws is reserved for T·k rows of `mlp`. The caller holds ws.mutex.
 void run_moe(const Mxfp4Moe& m, const ExpertMlp& mlp, const Mxfp4Tokens& in,
              const TensorView& local_ids, ExpertWorkspace& ws, const TensorView& out) {
-  localize_ids(m, in, local_ids.ptr<int32_t>());
+  flashinfer_detail::localize_expert_ids(kApi, in.ids, m.first_expert, m.experts,
+                                         m.global_experts, /*allow_invalid_id=*/false,
+                                         local_ids.ptr<int32_t>());
   RoutedTokens tokens;
   tokens.x = in.x;
   tokens.topk_ids = local_ids;
