@@ -44,15 +44,17 @@ int64_t kept_rows(int64_t row_stride) {
 int64_t chunk_place(int64_t r0, int64_t m, int64_t capacity) { return m <= capacity ? r0 : 0; }
 
 // Weight rows already decoded: the exact vectors load_bf16x32 gave for them, element k at byte 2k
-// of a row (rows row_bytes apart in the call's scratch, from weight row first_row on). The walk
-// over them prefetches, into L2, the contract rows the next block decodes (`next`), so that their
-// reads from memory overlap these dots instead of stalling the decode that follows.
+// of a row (rows row_bytes apart in the call's scratch, from weight row first_row on). With
+// fetch_next, the walk over them prefetches, into L2, the contract rows the next block of the call
+// decodes (`next`), so that their reads from memory overlap these dots instead of stalling the
+// decode that follows (walk_decoded).
 struct DecodedStream {
   static constexpr int kHalfBytes = 4;
   const uint8_t* base;
   int64_t row_bytes, first_row;
-  // Row r's contract row in the next block: source + min(r + ahead, last_row) · source_stride,
-  // element k at byte k · source_half_bytes / 2 (the decoded stream's kHalfBytes).
+  bool fetch_next;
+  // Row r's contract row in the next block: source + (r + ahead) · source_stride, element k at
+  // byte k · source_half_bytes / 2 (the decoded stream's kHalfBytes), clamped to the call's rows.
   const uint8_t* source;
   int64_t source_stride, ahead, last_row;
   int source_half_bytes;
@@ -67,7 +69,8 @@ struct DecodedStream {
   /// Channel c's next-block line holding element k, once per line.
   void prefetch_next(int c, int64_t k) const {
     const int64_t byte = k * source_half_bytes >> 1;
-    if ((byte & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(next[c] + byte), _MM_HINT_T1);
+    if (fetch_next && (byte & 63) == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(next[c] + byte), _MM_HINT_T1);
   }
 };
 
@@ -258,10 +261,12 @@ struct StreamBuffers {
 // the next one prefetched a row ahead), then walked by each chunk of the call's rows, converted
 // already in their places (StreamBuffers::chunk). So a block is decoded once for all the chunks
 // that fit the buffers: decoding it again for every chunk, calls of 256 × 1536 × 2048 took
-// 1.05-1.07× the time (mxfp4, nvfp4, fp8; Zen 4, one call, best of 7). The walks fetch the next
-// block's rows into L2 (DecodedStream), so only a call's first block waits on memory: before,
-// each block's decode did, and Qwen3-30B-A3B fp8 at M = 128 (about 8 rows an expert) spent 23 %
-// of its time there (Zen 4, 1 thread, perf); with the fetch the layer took 0.94× the time.
+// 1.05-1.07× the time (mxfp4, nvfp4, fp8; Zen 4, one call, best of 7). On AMD cores the walks
+// fetch the next block's rows into L2 (DecodedStream::fetch_next), so only a call's first block
+// waits on memory: Qwen3-30B-A3B fp8 at M = 128 (about 8 rows an expert) spent 23 % of its time
+// in decodes waiting so (Zen 4, 1 thread, perf), and took 0.93-0.94× the time with the fetch at 1
+// and 2 threads. The 16-core Xeon took 1.1-1.3× the time with it at 16 threads (1.0× at one), so
+// Intel cores fetch nothing ahead here (bench/RESULTS.md).
 template <class Stream>
 void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
                   const StreamBuffers& buffers) {
@@ -298,9 +303,10 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
       }
     }
     const Call block_call = call.columns_from(c0, cols);
-    const DecodedStream decoded{buffers.w_decoded, row_bytes, call.n0 + c0, source, source_stride,
-                                /*ahead=*/block, /*last_row=*/call.n0 + call.n - 1,
-                                Stream::kHalfBytes};
+    const bool fetch_next = cpu_features().vendor_amd && c0 + cols < call.n;
+    const DecodedStream decoded{buffers.w_decoded, row_bytes, call.n0 + c0, fetch_next, source,
+                                source_stride, /*ahead=*/block,
+                                /*last_row=*/call.n0 + call.n - 1, Stream::kHalfBytes};
     for (int64_t r0 = 0; r0 < call.m; r0 += kRowChunk) {
       const StreamBuffers::Chunk chunk = buffers.chunk(pk, r0, call.m);
       Bf16Dots<DecodedStream> dots{decoded, chunk.codes, chunk.scales, pk};
