@@ -229,6 +229,20 @@ TEST_P(KernelScratchTest, ReservedScratchAllocatesNothingAndKeepsTheBits) {
   }
 }
 
+// The kept rows' room (kept_row_bytes) set for the life of one test, and restored after it.
+class KeptRowRoom {
+ public:
+  explicit KeptRowRoom(int64_t bytes) : previous_(kept_row_bytes()) { set_kept_row_bytes(bytes); }
+  ~KeptRowRoom() { set_kept_row_bytes(previous_); }
+  KeptRowRoom(const KeptRowRoom&) = delete;
+  KeptRowRoom& operator=(const KeptRowRoom&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
+// The room the test below gives the rows: 4 MiB, so that a call beyond it stays small.
+constexpr int64_t kTestKeptRowBytes = 4 << 20;
 // More rows than 4 MiB of converted rows hold at K = 200 or 224 in any layout (≥ 256 bytes a
 // row), which the avx512_bf16 paths keep; every other m below takes far less.
 constexpr int64_t kBeyondKeptRows = 16448;
@@ -250,6 +264,7 @@ bool keeps_rows(IsaLevel level, Coding c, int64_t m) {
 // not do) shows where rows are reused: the result is the kept rows'.
 TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
   const auto [level, coding] = GetParam();
+  const KeptRowRoom room(kTestKeptRowBytes);
   const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
   std::mt19937 rng(5);
   const int64_t n = 70, k = is_fp4(coding) ? 224 : 200, half = n / 2;
@@ -313,6 +328,45 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
     const std::vector<float> kept = run(a.view, 0, m, half);
     expect_bits(stale, keeps_rows(level, coding, m) ? kept : fresh, "reuse");
     EXPECT_FALSE(same_bits(kept.data(), fresh.data(), m * half)) << "the codes must differ";
+  }
+}
+
+// With the default room, the rows of a call far beyond 4 MiB (320 rows of K = 14336 in bf16, about
+// 9 MiB, as a prefill expert of Mixtral-8x7B's GEMM2 has them) stay kept for the expert's next
+// column block: handed other codes under the same tag (which callers must not do), the second
+// block gives the first codes' result.
+TEST(KernelScratch, TheDefaultRoomKeepsTheRowsOfALargePrefillCall) {
+  ASSERT_GE(kept_row_bytes(), int64_t{64} << 20);
+  std::mt19937 rng(11);
+  const int64_t m = 320, n = 8, k = 14336, half = n / 2;
+  const Operand op = make_operand(rng, Coding::kBf16, n, k);
+  const Activations first = make_activations(rng, Coding::kBf16, m, op.w);
+  const Activations other = make_activations(rng, Coding::kBf16, m, op.w);
+  for (IsaLevel level : available_isa_levels()) {
+    if (level < IsaLevel::kAvx512Bf16) continue;
+    SCOPED_TRACE(isa_level_name(level));
+    const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
+    GemmScratch scratch;
+    scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
+    Activations a = first;
+    a.view.codes = a.codes.data();
+    const auto run = [&](uint64_t tag, int64_t n0) {
+      ActivationCodes call = a.view;
+      call.tag = tag;
+      call.scratch = tag != 0 ? &scratch : nullptr;
+      std::vector<float> out(m * half);
+      kernel(call, m, op.w, kExpert, n0, half, out.data(), half);
+      return out;
+    };
+    const uint64_t tag = new_activation_tag();
+    run(tag, 0);
+    const std::vector<float> kept_first = run(0, half);
+    a.codes = other.codes;  // same buffer, other values
+    ASSERT_EQ(a.view.codes, a.codes.data());
+    const std::vector<float> second_block = run(tag, half);
+    EXPECT_TRUE(same_bits(second_block.data(), kept_first.data(), m * half));
+    EXPECT_FALSE(same_bits(run(0, half).data(), kept_first.data(), m * half))
+        << "the codes must differ";
   }
 }
 

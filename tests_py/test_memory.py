@@ -20,10 +20,10 @@ TOKENS = 8
 # Bytes of workspace per element of M·k·(H + I): the f32 rows the runner keeps (gathered input,
 # GEMM1 and GEMM2 outputs, the activation's output) come to 16; the rest is slack.
 BYTES_PER_ELEMENT = 64
-# Per-thread kernel working memory (independent of M: room for converted activation rows, up to
-# 4 MiB a thread but resident only as far as calls convert rows into it, and one block of decoded
-# weight columns), the routing/dispatch tensors and the allocator's granularity. With 16 threads the
-# kept rows' room once grew the peak by 64 MiB, when a growing scratch copied its old bytes.
+# Per-thread kernel working memory (independent of M: room for converted activation rows, 64 MiB
+# a thread but resident only as far as calls convert rows into it, and one block of decoded weight
+# columns), the routing/dispatch tensors and the allocator's granularity. With 16 threads the kept
+# rows' room (then 4 MiB) once grew the peak by 64 MiB, when a growing scratch copied its old bytes.
 FIXED_SLACK = 24 << 20
 
 

@@ -57,11 +57,19 @@ float fp4_block_scale(WeightCoding coding, uint8_t code) {
 
 namespace {
 std::atomic<bool> fp8_byte_tables_on{true};
+std::atomic<int64_t> kept_row_room{int64_t{64} << 20};
 }  // namespace
 
 bool fp8_byte_tables() { return fp8_byte_tables_on.load(std::memory_order_relaxed); }
 
 void set_fp8_byte_tables(bool on) { fp8_byte_tables_on.store(on); }
+
+int64_t kept_row_bytes() { return kept_row_room.load(std::memory_order_relaxed); }
+
+void set_kept_row_bytes(int64_t bytes) {
+  MOECORE_INTERNAL_CHECK(bytes > 0, "set_kept_row_bytes: expected a positive size, got ", bytes);
+  kept_row_room.store(bytes);
+}
 
 const Fp4Tables& fp4_tables(WeightCoding coding) {
   MOECORE_INTERNAL_CHECK(coding == WeightCoding::kNvfp4 || coding == WeightCoding::kMxfp4,

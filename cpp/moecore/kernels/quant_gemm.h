@@ -176,7 +176,7 @@ struct UninitializedAllocator : std::allocator<T> {
 /// that a prepared run sized with gemm_scratch_bytes replays without allocating; a row given
 /// too little grows it. Each on cache lines of its own: calls write `kept`, and the schedule's
 /// threads use neighbouring ones. Rows write every byte before they read it, so the bytes are
-/// left uninitialized: the kept activation rows' room (up to 4 MiB a thread on avx512_bf16) is
+/// left uninitialized: the kept activation rows' room (kept_row_bytes a thread on avx512_bf16) is
 /// resident only as far as calls convert rows into it, in proportion to their rows.
 struct alignas(64) GemmScratch {
   std::vector<uint8_t, UninitializedAllocator<uint8_t>> bytes;
@@ -203,6 +203,16 @@ struct alignas(64) GemmScratch {
     kept = {};
   }
 };
+
+/// The room a row's working memory has for activation rows it converted, kept for the next call
+/// on the same rows (KeptRows; the avx512_bf16 row, and the amx row's float operands): 64 MiB, so
+/// that an expert's rows are converted once for all its column blocks up to 2304 rows of
+/// K = 14336 in bf16 (Mixtral-8x7B's GEMM2 experts have 2048 at M = 8192). Calls with more rows
+/// convert them again for every column block. Only rows converted are resident, so the room costs
+/// address space, not memory.
+/// set_kept_row_bytes changes it for the rows' scratch sizes and calls from then on (tests).
+int64_t kept_row_bytes();
+void set_kept_row_bytes(int64_t bytes);
 
 /// A new nonzero ActivationCodes::tag, never handed out before in this process.
 uint64_t new_activation_tag();

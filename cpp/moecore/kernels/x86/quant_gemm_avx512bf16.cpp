@@ -27,16 +27,16 @@ namespace {
 // Activation rows converted to bf16 at a time (the weights stream once per chunk).
 constexpr int64_t kRowChunk = 64;
 
-// Bytes of converted activation rows a call keeps for the next call on the same rows (KeptRows):
-// when a call's rows fit, each chunk gets a place of its own, so an expert's rows are converted
+// Rows of row_stride bytes the working memory keeps (kept_row_bytes): whole chunks, at least one.
+// When a call's rows fit, each chunk gets a place of its own, so an expert's rows are converted
 // once for all its column blocks rather than once per block. With one chunk's place, calls of more
 // rows converted them again for every block: 10 % of a Qwen3-30B-A3B bf16 layer's time at
-// M = 4096 (256 rows an expert, 12 blocks), 5.5 % at M = 1024 (Zen 4, one thread, perf).
-constexpr int64_t kKeptRowBytes = 4 << 20;
-
-// Rows of row_stride bytes the working memory holds: whole chunks, at least one.
+// M = 4096 (256 rows an expert, 12 blocks), 5.5 % at M = 1024 (Zen 4, one thread, perf). With
+// 4 MiB of room, Mixtral-8x7B's experts (256 and 1024 rows at M = 1024 and 4096, up to 28 KiB a
+// row) still converted them for every block: its bf16 layer took 1.13–1.18 / 1.53–1.56× the time
+// it takes with 64 MiB (Zen 4, 2 threads; bench/RESULTS.md).
 int64_t kept_rows(int64_t row_stride) {
-  return std::max<int64_t>(1, kKeptRowBytes / (kRowChunk * row_stride)) * kRowChunk;
+  return std::max<int64_t>(1, kept_row_bytes() / (kRowChunk * row_stride)) * kRowChunk;
 }
 
 // The first row of the place where a call of m rows converts its chunk from row r0: its own
