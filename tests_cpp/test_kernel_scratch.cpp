@@ -334,39 +334,42 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
 // With the default room, the rows of a call far beyond 4 MiB (320 rows of K = 14336 in bf16, about
 // 9 MiB, as a prefill expert of Mixtral-8x7B's GEMM2 has them) stay kept for the expert's next
 // column block: handed other codes under the same tag (which callers must not do), the second
-// block gives the first codes' result.
+// block gives the first codes' result. Weights decoded once per block take them chunk by chunk
+// (so many rows are not walked whole for every block), still from where they were kept.
 TEST(KernelScratch, TheDefaultRoomKeepsTheRowsOfALargePrefillCall) {
   ASSERT_GE(kept_row_bytes(), int64_t{64} << 20);
   std::mt19937 rng(11);
   const int64_t m = 320, n = 8, k = 14336, half = n / 2;
-  const Operand op = make_operand(rng, Coding::kBf16, n, k);
-  const Activations first = make_activations(rng, Coding::kBf16, m, op.w);
-  const Activations other = make_activations(rng, Coding::kBf16, m, op.w);
   for (IsaLevel level : available_isa_levels()) {
     if (level < IsaLevel::kAvx512Bf16) continue;
-    SCOPED_TRACE(isa_level_name(level));
-    const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
-    GemmScratch scratch;
-    scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
-    Activations a = first;
-    a.view.codes = a.codes.data();
-    const auto run = [&](uint64_t tag, int64_t n0) {
-      ActivationCodes call = a.view;
-      call.tag = tag;
-      call.scratch = tag != 0 ? &scratch : nullptr;
-      std::vector<float> out(m * half);
-      kernel(call, m, op.w, kExpert, n0, half, out.data(), half);
-      return out;
-    };
-    const uint64_t tag = new_activation_tag();
-    run(tag, 0);
-    const std::vector<float> kept_first = run(0, half);
-    a.codes = other.codes;  // same buffer, other values
-    ASSERT_EQ(a.view.codes, a.codes.data());
-    const std::vector<float> second_block = run(tag, half);
-    EXPECT_TRUE(same_bits(second_block.data(), kept_first.data(), m * half));
-    EXPECT_FALSE(same_bits(run(0, half).data(), kept_first.data(), m * half))
-        << "the codes must differ";
+    for (Coding coding : {Coding::kBf16, Coding::kFp8Block, Coding::kMxfp4}) {
+      SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << coding_name(coding));
+      const Operand op = make_operand(rng, coding, n, k);
+      const Activations first = make_activations(rng, coding, m, op.w);
+      const Activations other = make_activations(rng, coding, m, op.w);
+      const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
+      GemmScratch scratch;
+      scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
+      Activations a = first;
+      a.view.codes = a.codes.data();
+      const auto run = [&](uint64_t tag, int64_t n0) {
+        ActivationCodes call = a.view;
+        call.tag = tag;
+        call.scratch = tag != 0 ? &scratch : nullptr;
+        std::vector<float> out(m * half);
+        kernel(call, m, op.w, kExpert, n0, half, out.data(), half);
+        return out;
+      };
+      const uint64_t tag = new_activation_tag();
+      run(tag, 0);
+      const std::vector<float> kept_first = run(0, half);
+      a.codes = other.codes;  // same buffer, other values
+      ASSERT_EQ(a.view.codes, a.codes.data());
+      const std::vector<float> second_block = run(tag, half);
+      EXPECT_TRUE(same_bits(second_block.data(), kept_first.data(), m * half));
+      EXPECT_FALSE(same_bits(run(0, half).data(), kept_first.data(), m * half))
+          << "the codes must differ";
+    }
   }
 }
 

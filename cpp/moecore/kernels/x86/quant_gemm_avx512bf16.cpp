@@ -214,6 +214,13 @@ struct Bf16Dots {
 // changes: results still depend on neither M nor the chunking. Blocks are sized to stay in L2
 // beside the chunk's activation rows.
 constexpr int64_t kDecodeOnceRows = kWalkRows<2, true> + 1, kDecodedBlockBytes = 256 << 10;
+// A block is decoded once for all of a call's chunks only while their activation rows take at most
+// this much: every block walks all of them, and more rows streamed from L3 for every block of
+// columns cost more than decoding each block once per chunk. Mixtral-8x7B's prefill experts (7 and
+// 28 MiB of rows at M = 1024 and 4096, 8 columns a block at K = 14336) took up to 1.2× the time
+// block by block once the kept rows' room held them (mxfp4, nvfp4; Zen 4, 2 threads,
+// bench/RESULTS.md).
+constexpr int64_t kDecodeForAllChunksBytes = 4 << 20;
 
 // Weights that are decoded (not bf16 as stored) and whose K blocks start on whole 32-element
 // steps, so a decoded row can hold element k at byte 2k.
@@ -337,7 +344,9 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
                   const StreamBuffers& buffers, const KeptRows& kept) {
   // Streams of whole pieces read the weight tiles, in tiles of 4 channels (reads_weight_tiles).
   if constexpr (!kWholePieces<Stream>) {
-    if (call.m >= kDecodeOnceRows && call.m <= buffers.capacity && decodes_once(call.w)) {
+    const bool all_chunks_near = call.m * pk.row_stride() <= kDecodeForAllChunksBytes;
+    if (call.m >= kDecodeOnceRows && call.m <= buffers.capacity && all_chunks_near &&
+        decodes_once(call.w)) {
       // Every chunk in its place, then each block of columns decoded once for all of them.
       for (int64_t r0 = 0; r0 < call.m && !kept.reusable(); r0 += kRowChunk)
         convert_chunk<Stream>(call.rows_from(r0, std::min(kRowChunk, call.m - r0)), pk,
