@@ -335,7 +335,7 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
 // 9 MiB, as a prefill expert of Mixtral-8x7B's GEMM2 has them) stay kept for the expert's next
 // column block: handed other codes under the same tag (which callers must not do), the second
 // block gives the first codes' result. Weights decoded once per block take them chunk by chunk
-// (so many rows are not walked whole for every block), still from where they were kept.
+// (so many rows are not walked whole for every block), each chunk from where it was kept.
 TEST(KernelScratch, TheDefaultRoomKeepsTheRowsOfALargePrefillCall) {
   ASSERT_GE(kept_row_bytes(), int64_t{64} << 20);
   std::mt19937 rng(11);
@@ -363,6 +363,12 @@ TEST(KernelScratch, TheDefaultRoomKeepsTheRowsOfALargePrefillCall) {
       const uint64_t tag = new_activation_tag();
       run(tag, 0);
       const std::vector<float> kept_first = run(0, half);
+      // Each row has the bits it has alone, in whichever chunk it lies (no M dependence).
+      for (int64_t r : {int64_t{0}, int64_t{64}, int64_t{200}, m - 1}) {
+        std::vector<float> alone(half);
+        kernel(activation_rows_from(a.view, r), 1, op.w, kExpert, half, half, alone.data(), half);
+        EXPECT_TRUE(same_bits(alone.data(), kept_first.data() + r * half, half)) << "row " << r;
+      }
       a.codes = other.codes;  // same buffer, other values
       ASSERT_EQ(a.view.codes, a.codes.data());
       const std::vector<float> second_block = run(tag, half);

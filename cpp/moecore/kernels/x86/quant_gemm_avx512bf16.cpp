@@ -274,9 +274,11 @@ struct StreamBuffers {
 // in decodes waiting so (Zen 4, 1 thread, perf), and took 0.93-0.94× the time with the fetch at 1
 // and 2 threads. The 16-core Xeon took 1.1-1.3× the time with it at 16 threads (1.0× at one), so
 // Intel cores fetch nothing ahead here (bench/RESULTS.md).
+// The call's converted rows lie where StreamBuffers::chunk puts rows [row0, row0 + call.m) of a
+// call of `rows` rows: the call itself (row0 0), or one chunk of a longer one.
 template <class Stream>
-void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
-                  const StreamBuffers& buffers) {
+void walk_decoded(const Call& call, Stream stream, const PaddedK& pk, const StreamBuffers& buffers,
+                  int64_t row0, int64_t rows) {
   const WeightOperand& w = call.w;
   const int64_t row_bytes = decoded_row_bytes(w), block = decoded_columns(w);
   const WeightPrefetch prefetch = WeightPrefetch::ahead_by(stream.lead(w, 1));
@@ -315,7 +317,7 @@ void walk_decoded(const Call& call, Stream stream, const PaddedK& pk,
                                 source_stride, /*ahead=*/block,
                                 /*last_row=*/call.n0 + call.n - 1, Stream::kHalfBytes};
     for (int64_t r0 = 0; r0 < call.m; r0 += kRowChunk) {
-      const StreamBuffers::Chunk chunk = buffers.chunk(pk, r0, call.m);
+      const StreamBuffers::Chunk chunk = buffers.chunk(pk, row0 + r0, rows);
       Bf16Dots<DecodedStream> dots{decoded, chunk.codes, chunk.scales, pk};
       walk_tiles(block_call.rows_from(r0, std::min(kRowChunk, call.m - r0)), dots);
     }
@@ -351,7 +353,7 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
       for (int64_t r0 = 0; r0 < call.m && !kept.reusable(); r0 += kRowChunk)
         convert_chunk<Stream>(call.rows_from(r0, std::min(kRowChunk, call.m - r0)), pk,
                               buffers.chunk(pk, r0, call.m));
-      walk_decoded(call, stream, pk, buffers);
+      walk_decoded(call, stream, pk, buffers, 0, call.m);
       kept.keep();
       return;
     }
@@ -363,7 +365,7 @@ void run_streamed(const Call& call, const Stream& stream, const PaddedK& pk,
     if (!kept.reusable()) convert_chunk<Stream>(part, pk, chunk);
     if constexpr (!kWholePieces<Stream>) {
       if (rows >= kDecodeOnceRows && decodes_once(call.w)) {
-        walk_decoded(part, stream, pk, buffers);  // one chunk, in the first place
+        walk_decoded(part, stream, pk, buffers, r0, call.m);  // this chunk, in its place
         continue;
       }
     }
