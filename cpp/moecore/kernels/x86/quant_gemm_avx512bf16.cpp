@@ -216,10 +216,10 @@ struct Bf16Dots {
 constexpr int64_t kDecodeOnceRows = kWalkRows<2, true> + 1, kDecodedBlockBytes = 256 << 10;
 // A block is decoded once for all of a call's chunks only while their activation rows take at most
 // this much: every block walks all of them, and more rows streamed from L3 for every block of
-// columns cost more than decoding each block once per chunk. Mixtral-8x7B's prefill experts (7 and
-// 28 MiB of rows at M = 1024 and 4096, 8 columns a block at K = 14336) took up to 1.2× the time
-// block by block once the kept rows' room held them (mxfp4, nvfp4; Zen 4, 2 threads,
-// bench/RESULTS.md).
+// columns cost more than decoding each block once per chunk: walked so, Mixtral-8x7B's prefill
+// experts (7 and 28 MiB of rows at M = 1024 and 4096, 8 columns a block at K = 14336) took 1.07 /
+// 1.11× the time they took when a 4 MiB room sent them chunk by chunk (mxfp4 / nvfp4 at M = 4096;
+// Zen 4, 2 threads, bench/RESULTS.md).
 constexpr int64_t kDecodeForAllChunksBytes = 4 << 20;
 
 // Weights that are decoded (not bf16 as stored) and whose K blocks start on whole 32-element
