@@ -229,6 +229,19 @@ TEST_P(KernelScratchTest, ReservedScratchAllocatesNothingAndKeepsTheBits) {
   }
 }
 
+// One call of `kernel` on m rows of `codes` × weight columns [n0, n0 + cols) of expert kExpert:
+// tagged on `scratch`, or (tag 0) untagged on the thread's own memory.
+std::vector<float> tagged_call(ScaledGemmFn kernel, const ActivationCodes& codes, int64_t m,
+                               const WeightOperand& w, GemmScratch& scratch, uint64_t tag,
+                               int64_t n0, int64_t cols) {
+  ActivationCodes call = codes;
+  call.tag = tag;
+  call.scratch = tag != 0 ? &scratch : nullptr;
+  std::vector<float> out(m * cols);
+  kernel(call, m, w, kExpert, n0, cols, out.data(), cols);
+  return out;
+}
+
 // The kept rows' room (kept_row_bytes) set for the life of one test, and restored after it.
 class KeptRowRoom {
  public:
@@ -279,12 +292,7 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
     Activations a = make_activations(rng, coding, m, op.w);
     const Activations other = make_activations(rng, coding, m, op.w);
     const auto run = [&](const ActivationCodes& codes, uint64_t tag, int64_t rows, int64_t n0) {
-      ActivationCodes call = codes;
-      call.tag = tag;
-      call.scratch = tag != 0 ? &scratch : nullptr;
-      std::vector<float> out(rows * half);
-      kernel(call, rows, op.w, kExpert, n0, half, out.data(), half);
-      return out;
+      return tagged_call(kernel, codes, rows, op.w, scratch, tag, n0, half);
     };
     const auto expect_bits = [&](const std::vector<float>& got, const std::vector<float>& want,
                                  const char* what) {
@@ -353,20 +361,15 @@ TEST(KernelScratch, TheDefaultRoomKeepsTheRowsOfALargePrefillCall) {
       Activations a = first;
       a.view.codes = a.codes.data();
       const auto run = [&](uint64_t tag, int64_t n0) {
-        ActivationCodes call = a.view;
-        call.tag = tag;
-        call.scratch = tag != 0 ? &scratch : nullptr;
-        std::vector<float> out(m * half);
-        kernel(call, m, op.w, kExpert, n0, half, out.data(), half);
-        return out;
+        return tagged_call(kernel, a.view, m, op.w, scratch, tag, n0, half);
       };
       const uint64_t tag = new_activation_tag();
       run(tag, 0);
       const std::vector<float> kept_first = run(0, half);
       // Each row has the bits it has alone, in whichever chunk it lies (no M dependence).
       for (int64_t r : {int64_t{0}, int64_t{64}, int64_t{200}, m - 1}) {
-        std::vector<float> alone(half);
-        kernel(activation_rows_from(a.view, r), 1, op.w, kExpert, half, half, alone.data(), half);
+        const std::vector<float> alone =
+            tagged_call(kernel, activation_rows_from(a.view, r), 1, op.w, scratch, 0, half, half);
         EXPECT_TRUE(same_bits(alone.data(), kept_first.data() + r * half, half)) << "row " << r;
       }
       a.codes = other.codes;  // same buffer, other values
@@ -405,12 +408,7 @@ TEST(KernelScratchDecoderTest, KeptFp8RowsFollowTheDecoderSwitch) {
     scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
     const auto run = [&](bool byte_tables, uint64_t tag, int64_t n0) {
       set_fp8_byte_tables(byte_tables);
-      ActivationCodes call = a.view;
-      call.tag = tag;
-      call.scratch = tag != 0 ? &scratch : nullptr;
-      std::vector<float> out(m * half);
-      kernel(call, m, op.w, kExpert, n0, half, out.data(), half);
-      return out;
+      return tagged_call(kernel, a.view, m, op.w, scratch, tag, n0, half);
     };
     const uint64_t tag = new_activation_tag();
     for (const bool byte_tables : {true, false, true}) {
