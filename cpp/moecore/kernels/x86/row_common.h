@@ -71,19 +71,18 @@ class TileScales {
 };
 
 /// Where a dot loop prefetches the weights of the next tile: `lead` bytes on along each
-/// channel's stream, into L1 on Intel cores. On AMD cores, into L2 when the tile has more than
-/// one activation row, and not at all for one row of light lines (kLight: one instruction per
-/// line and row, as bf16 codes as stored and int8 bytes take; decoded codes are not light). There
-/// a line prefetched into L1 holds one of its few miss buffers until it comes from memory: when
-/// each line takes more work than one row's dot, those buffers bound the loop and its compute adds
-/// to the memory time instead of overlapping it, and a light one-row loop runs faster on the
-/// hardware prefetcher alone. Zen 4, one thread, weights from memory (`moecore_gemm_timing
-/// --tiles`, alternating builds, best of 3 × 11): into L2, bf16 2 / 4 / 8 × 16384 × 2048 took
-/// 0.91 / 0.55 / 0.75 of their time into L1, int8 4 / 8 rows 0.87 / 0.78; without a prefetch, one
-/// row of bf16 / int8 took 0.88-0.91 / 0.96 of it, and one row of fp8 or fp4 took longer (layers
-/// up to 1.5×). On the 16-core Xeon bf16 took the same time into L2 and int8 2 to 4 rows
-/// 1.06-1.20×, so Intel cores keep L1 (bench/RESULTS.md; bench/prefetch_timing.cpp measures a
-/// machine's cores).
+/// channel's stream, into L1 on Intel cores. On AMD cores into L2, except one activation row of
+/// light lines (kLight: one instruction per line and row, as bf16 codes as stored and int8 bytes
+/// take; decoded codes are not light), which runs faster on the hardware prefetcher alone. There a
+/// line prefetched into L1 holds one of its few miss buffers until it comes from memory, so those
+/// buffers bound how much one core reads at once. Zen 4, one thread, weights from memory
+/// (`moecore_gemm_timing --tiles`, alternating builds): into L2, bf16 2 / 4 / 8 × 16384 × 2048
+/// took 0.91 / 0.55 / 0.75 of their time into L1, int8 4 / 8 rows 0.87 / 0.78; one row of fp8 and
+/// fp4 took 0.6–0.9× where K is long (1 × 8192 × 14336 mxfp4 4.6–4.9 → 2.9–3.3 ms, fp8 blocks
+/// 6.9–7.3 → 4.7–5.1 ms, 1 × 28672 × 4096 mxfp4 3.0–4.1 → 2.5–2.8 ms; nvfp4, bound by its
+/// decode, the same), and one row of bf16 / int8 1.25 / 1.35× the time it takes with no prefetch.
+/// On the 16-core Xeon bf16 took the same time into L2 and int8 2 to 4 rows 1.06-1.20×, so Intel
+/// cores keep L1 (bench/RESULTS.md; bench/prefetch_timing.cpp measures a machine's cores).
 struct WeightPrefetch {
   int64_t lead = 0;
   bool amd = false;  // cpu_features().vendor_amd
@@ -97,10 +96,8 @@ struct WeightPrefetch {
     const char* at = static_cast<const char*>(p) + lead;
     if (!amd)
       asm volatile("prefetcht0 %0" : : "m"(*at));
-    else if (R > 1)
+    else if (R > 1 || !kLight)
       asm volatile("prefetcht1 %0" : : "m"(*at));
-    else if (!kLight)
-      asm volatile("prefetcht0 %0" : : "m"(*at));
   }
 };
 
