@@ -141,7 +141,11 @@ inline void load_bf16x64(const Fp8ByteTableStream& stream, int c, int64_t k, __m
 // table, the fp32 tables of weight_streams.h rounded to bf16, exactly (≤ 6 significant bits;
 // subnormals, which VDPBF16PS would read as zero anyway, become zero). VPERMW reads only bits 0–4
 // of an index word, so each table holds its 16 entries twice (one 64-byte line): bit 4 may be
-// anything, as it is where a word holds more than one nibble (Fp4TileStream).
+// anything, as it is where a word holds more than one nibble (Fp4TileStream). Whole nvfp4 steps
+// clear bit 4 anyway, to pick between two blocks' tables (fp4_bf16_step), so they load the first
+// 16 words alone (half_table): half the bytes, and 0.80× the time of a one-row call (Zen 4,
+// 1 × 1536 × 2048 from L3; bench/RESULTS.md). Tables of 16 words, 32 bytes apart, took 1.14× the
+// time of that, as did this layout with the partial step's permute on the cleared index too.
 struct Fp4Bf16Tables {
   alignas(64) uint16_t values[256][32];
   explicit Fp4Bf16Tables(const Fp4Tables& fp32) {
@@ -160,6 +164,11 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   __m512i table(int c, int64_t k) const {
     return _mm512_load_si512(bf16_tables.values[this->scale_code(c, k)]);
   }
+  /// Its first 16 words alone, the rest zero.
+  __m512i half_table(int c, int64_t k) const {
+    const uint16_t* words = bf16_tables.values[this->scale_code(c, k)];
+    return _mm512_zextsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(words)));
+  }
   static const Fp4Bf16Tables& tables_of_coding() {
     static const Fp4Bf16Tables tables(fp4_tables<kGroup>());
     return tables;
@@ -167,22 +176,22 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
 };
 
 // Elements [k, k + 32) of channel c from index words whose bits 0–3 hold element k + j in word j
-// (bit 4 is free: each table holds its 16 values twice): one permute of the block's table, or with
-// 16-element groups (nvfp4) one two-table permute, words 16–31 reading the next block's table
-// through index bit 5 (set there, cleared in words 0–15: one bit operation), unless only the first
-// 16 elements are left (`whole` false: those words are +0, and no scale past the row's end is
-// read). Two masked one-table permutes took up to 1.1× the time (Zen 4, nvfp4 calls of 2 to 24
-// rows; bench/RESULTS.md).
+// (bit 4 is free): one permute of the block's table, or with 16-element groups (nvfp4) one
+// two-table permute of the two blocks' first 16 words, words 16–31 reading the next block's
+// through index bit 5 (set there, and bits 4–15 cleared everywhere: one bit operation), unless
+// only the first 16 elements are left (`whole` false: those words are +0, and no scale past the
+// row's end is read). Two masked one-table permutes took up to 1.1× the time (Zen 4, nvfp4 calls
+// of 2 to 24 rows; bench/RESULTS.md).
 template <int kGroup>
 inline __m512i fp4_bf16_step(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k,
                              __m512i nibbles, bool whole) {
   if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, stream.table(c, k));
   if (!whole) return _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, stream.table(c, k));
-  const __m512i bit5 = _mm512_set1_epi16(0x20);
-  const __m512i upper_words = _mm512_maskz_mov_epi16(0xffff0000, bit5);
-  // (nibbles & ~bit5) | upper_words
-  const __m512i index = _mm512_ternarylogic_epi32(nibbles, bit5, upper_words, 0xba);
-  return _mm512_permutex2var_epi16(stream.table(c, k), index, stream.table(c, k + 16));
+  const __m512i upper_words = _mm512_maskz_mov_epi16(0xffff0000, _mm512_set1_epi16(0x20));
+  // (nibbles & 0xf) | upper_words
+  const __m512i index =
+      _mm512_ternarylogic_epi32(nibbles, _mm512_set1_epi16(0xf), upper_words, 0xea);
+  return _mm512_permutex2var_epi16(stream.half_table(c, k), index, stream.half_table(c, k + 16));
 }
 
 // From the contract rows: word 2j of the index vector takes byte j's low nibble, word 2j + 1 its
