@@ -141,11 +141,12 @@ inline void load_bf16x64(const Fp8ByteTableStream& stream, int c, int64_t k, __m
 // table, the fp32 tables of weight_streams.h rounded to bf16, exactly (≤ 6 significant bits;
 // subnormals, which VDPBF16PS would read as zero anyway, become zero). VPERMW reads only bits 0–4
 // of an index word, so each table holds its 16 entries twice (one 64-byte line): bit 4 may be
-// anything, as it is where a word holds more than one nibble (Fp4TileStream). Whole nvfp4 steps
-// clear bit 4 anyway, to pick between two blocks' tables (fp4_bf16_step), so they load the first
-// 16 words alone (half_table): half the bytes, and 0.80× the time of a one-row call (Zen 4,
-// 1 × 1536 × 2048 from L3; bench/RESULTS.md). Tables of 16 words, 32 bytes apart, took 1.14× the
-// time of that, as did this layout with the partial step's permute on the cleared index too.
+// anything, as it is where a word holds more than one nibble (Fp4TileStream). A whole nvfp4 step
+// rewrites its index anyway, to set bit 5 where words read the second block's table
+// (fp4_bf16_step); the same operation clears bit 4, so the step loads each table's first 16 words
+// alone (half_table): half the bytes, and 0.80× the time of a one-row call (Zen 4, 1 × 1536 × 2048
+// from L3; bench/RESULTS.md). Tables of 16 words, 32 bytes apart, took 1.14× the time of that, as
+// did this layout with the partial step's permute on the cleared index too.
 struct Fp4Bf16Tables {
   alignas(64) uint16_t values[256][32];
   explicit Fp4Bf16Tables(const Fp4Tables& fp32) {

@@ -78,9 +78,9 @@ class TileScales {
 /// buffers bound how much one core reads at once. Zen 4, one thread, weights from memory
 /// (`moecore_gemm_timing --tiles`, alternating builds): into L2, bf16 2 / 4 / 8 × 16384 × 2048
 /// took 0.91 / 0.55 / 0.75 of their time into L1, int8 4 / 8 rows 0.87 / 0.78; one row of fp8 and
-/// fp4 took 0.6–0.9× where K is long (1 × 8192 × 14336 mxfp4 4.6–4.9 → 2.9–3.3 ms, fp8 blocks
-/// 6.9–7.3 → 4.7–5.1 ms, 1 × 28672 × 4096 mxfp4 3.0–4.1 → 2.5–2.8 ms; nvfp4, bound by its
-/// decode, the same), and one row of bf16 / int8 1.25 / 1.35× the time it takes with no prefetch.
+/// fp4 0.6–0.9× (1 × 8192 × 14336 mxfp4 4.6–4.9 → 2.9–3.3 ms, fp8 blocks 6.9–7.3 → 4.7–5.1 ms,
+/// 1 × 28672 × 4096 mxfp4 3.0–4.1 → 2.5–2.8 ms; nvfp4, bound by its decode, and Qwen3-30B-A3B's
+/// short rows the same), and one row of bf16 / int8 1.25 / 1.35× the time it takes with none.
 /// On the 16-core Xeon bf16 took the same time into L2 and int8 2 to 4 rows 1.06-1.20×, so Intel
 /// cores keep L1 (bench/RESULTS.md; bench/prefetch_timing.cpp measures a machine's cores).
 struct WeightPrefetch {
