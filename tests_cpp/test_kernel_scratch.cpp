@@ -256,9 +256,10 @@ class KeptRowRoom {
 
 // The room the test below gives the rows: 4 MiB, so that a call beyond it stays small.
 constexpr int64_t kTestKeptRowBytes = 4 << 20;
-// More rows than 4 MiB of converted rows hold at K = 200 or 224 in any layout (≥ 256 bytes a
-// row), which the avx512_bf16 paths keep; every other m below takes far less.
-constexpr int64_t kBeyondKeptRows = 16448;
+
+// More rows than kTestKeptRowBytes of converted rows hold at K = 200 or 224 in any layout (≥ 256
+// bytes a row), which the avx512_bf16 paths keep; every other m below takes far less.
+constexpr int64_t kBeyondKeptRows = kTestKeptRowBytes / 256 + 64;  // one chunk of 64 rows more
 
 // Whether a row keeps a call's converted activation rows in the scratch for the next call with
 // the same tag (KeptRows): the avx512_bf16 row's streamed path (bf16-exact float operands) and
