@@ -14,7 +14,7 @@
 // processed layer has them, for the rows that read them. --fp8-byte-tables=0|1 picks the bf16
 // rows' e4m3 decoder (byte tables by default; kernels/quant_gemm.h, fp8_byte_tables).
 // --call-columns=C times the same work as calls of C weight rows each, in order (as a schedule's
-// column blocks make them), to see what narrower calls cost.
+// column blocks make them), to see what narrower calls cost; a timed pass converts its rows once.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -241,6 +241,10 @@ int main(int argc, char** argv) try {
     a.integer = integer;
     a.bf16_exact = true;
     a.bounded_codes = true;
+    // Working memory of its own, and a fresh tag for each timed pass: a pass's calls of
+    // --call-columns convert the rows once and keep them, as a schedule's column blocks do.
+    GemmScratch scratch;
+    a.scratch = &scratch;
     std::vector<float> out(static_cast<size_t>(s.m * s.n));
     const std::string name = std::to_string(s.m) + " " + std::to_string(s.n) + " " +
                              std::to_string(s.k) + " " + s.coding;
@@ -248,6 +252,7 @@ int main(int argc, char** argv) try {
       const ScaledGemmFn kernel = scaled_gemm_kernel(row.level, row.float_tiles);
       std::vector<double> ms;
       for (int r = 0; r <= repeats; ++r) {  // the first call warms up
+        a.tag = new_activation_tag();
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t step = call_columns > 0 ? call_columns : s.n;
         for (int64_t n0 = 0; n0 < s.n; n0 += step)

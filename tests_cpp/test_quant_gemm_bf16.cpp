@@ -273,35 +273,41 @@ TEST_P(QuantGemmBf16Test, MatchesScalarAndIsIndependentOfBatchSplitAndThread) {
   }
 }
 
-// Long rows (K = 8192): a call of 17 rows decodes the weights once per block of columns (16 of
-// them at this K) into working memory; every output equals its row's call alone, which streams
-// the weights, and the reference within tolerance.
+// Long rows: a call of 17 rows (K = 8192) decodes the weights once per block of columns (16 of
+// them at this K) into working memory, and a call of 70 rows (K ending inside a step) two chunks
+// of rows, the second one row tile; every output equals its row's call alone, which streams the
+// weights, and the reference within tolerance.
 TEST_P(QuantGemmBf16Test, ColumnBlocksDecodedOnceGiveTheStreamedBits) {
   const auto [row, c] = GetParam();
   std::mt19937 rng(13);
-  const int64_t m = 17, n = 40, k = 8192, e = 1;
-  const Operand op = make_operand(rng, c, n, k);
-  const Activations a = make_activations(rng, c, m, op.w);
-  const ScaledGemmFn kernel = row.kernel();
-  std::vector<float> out(m * n), ref(m * n);
-  kernel(a.view, m, op.w, e, 0, n, out.data(), n);
-  scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
-  const std::vector<double> magnitude = term_magnitudes(a.view, m, op.w, e);
-  const Tensor tiles = pack_weight_tiles(op.data.view(), tile_layout(op.w.coding));
-  WeightOperand tiled = op.w;
-  tiled.tiles = tiles.view();
-  std::vector<float> out_tiled(m * n);
-  kernel(a.view, m, tiled, e, 0, n, out_tiled.data(), n);
-  for (int64_t r = 0; r < m; ++r) {
-    std::vector<float> alone(n), alone_tiled(n);
-    kernel(row_alone(a.view, r), 1, op.w, e, 0, n, alone.data(), n);
-    kernel(row_alone(a.view, r), 1, tiled, e, 0, n, alone_tiled.data(), n);
-    for (int64_t j = 0; j < n; ++j) {
-      ASSERT_EQ(out[r * n + j], alone[j]) << "row " << r << " column " << j;
-      ASSERT_EQ(out_tiled[r * n + j], out[r * n + j]) << "row " << r << " column " << j;
-      ASSERT_EQ(alone_tiled[j], alone[j]) << "row " << r << " column " << j;
-      ASSERT_NEAR(out[r * n + j], ref[r * n + j], kTolerance * (1.0 + magnitude[r * n + j]))
-          << "row " << r << " column " << j;
+  const bool fp4 = c == Case::kNvfp4 || c == Case::kMxfp4;
+  const int64_t n = 40, e = 1;
+  for (auto [m, k] : {std::pair<int64_t, int64_t>{17, 8192}, {70, fp4 ? 8288 : 8292}}) {
+    SCOPED_TRACE(::testing::Message() << row.name() << " " << case_name(c) << " m=" << m
+                                      << " k=" << k);
+    const Operand op = make_operand(rng, c, n, k);
+    const Activations a = make_activations(rng, c, m, op.w);
+    const ScaledGemmFn kernel = row.kernel();
+    std::vector<float> out(m * n), ref(m * n);
+    kernel(a.view, m, op.w, e, 0, n, out.data(), n);
+    scaled_gemm_ref(a.view, m, op.w, e, 0, n, ref.data(), n);
+    const std::vector<double> magnitude = term_magnitudes(a.view, m, op.w, e);
+    const Tensor tiles = pack_weight_tiles(op.data.view(), tile_layout(op.w.coding));
+    WeightOperand tiled = op.w;
+    tiled.tiles = tiles.view();
+    std::vector<float> out_tiled(m * n);
+    kernel(a.view, m, tiled, e, 0, n, out_tiled.data(), n);
+    for (int64_t r = 0; r < m; ++r) {
+      std::vector<float> alone(n), alone_tiled(n);
+      kernel(row_alone(a.view, r), 1, op.w, e, 0, n, alone.data(), n);
+      kernel(row_alone(a.view, r), 1, tiled, e, 0, n, alone_tiled.data(), n);
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(out[r * n + j], alone[j]) << "row " << r << " column " << j;
+        ASSERT_EQ(out_tiled[r * n + j], out[r * n + j]) << "row " << r << " column " << j;
+        ASSERT_EQ(alone_tiled[j], alone[j]) << "row " << r << " column " << j;
+        ASSERT_NEAR(out[r * n + j], ref[r * n + j], kTolerance * (1.0 + magnitude[r * n + j]))
+            << "row " << r << " column " << j;
+      }
     }
   }
 }
