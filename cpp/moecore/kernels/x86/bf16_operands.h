@@ -58,22 +58,27 @@ inline int64_t odd_lines(int64_t bytes) {
   return bytes / kStepBytes % 2 == 0 ? bytes + kStepBytes : bytes;
 }
 
-/// The padded K layout of one row of codes.
+/// The padded K layout of one row of codes. The steps of a whole block and the row stride are
+/// worked out once: every tile reads them, and derived per tile they took two integer divisions
+/// on the way to its first activation load.
 struct PaddedK {
   int64_t k, block_k, num_blocks, step_codes;
+  int64_t whole_block_steps;  // block_steps(0)
+  int64_t stride;             // row_stride()
 
   PaddedK(const WeightOperand& w, CodeType type)
       : k(w.k), block_k(w.k_block()), num_blocks(w.num_k_blocks()),
-        step_codes(kStepBytes / code_bytes(type)) {}
+        step_codes(kStepBytes / code_bytes(type)), whole_block_steps(block_steps(0)),
+        stride(odd_lines(row_bytes())) {}
 
   int64_t block_len(int64_t b) const { return std::min(block_k, k - b * block_k); }
   int64_t block_steps(int64_t b) const { return (block_len(b) + step_codes - 1) / step_codes; }
   /// First step of block b (every block but the last has block_k codes).
-  int64_t block_first_step(int64_t b) const { return b * block_steps(0); }
+  int64_t block_first_step(int64_t b) const { return b * whole_block_steps; }
   int64_t steps() const { return block_first_step(num_blocks - 1) + block_steps(num_blocks - 1); }
   int64_t row_bytes() const { return steps() * kStepBytes; }
   /// From one row to the next in working memory (odd_lines).
-  int64_t row_stride() const { return odd_lines(row_bytes()); }
+  int64_t row_stride() const { return stride; }
 };
 
 /// Writes n fp32 codes as `type` codes (bf16 round to nearest even: exact for bf16 values).
