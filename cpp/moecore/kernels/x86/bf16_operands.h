@@ -58,13 +58,13 @@ inline int64_t odd_lines(int64_t bytes) {
   return bytes / kStepBytes % 2 == 0 ? bytes + kStepBytes : bytes;
 }
 
-/// The padded K layout of one row of codes. The steps of a whole block and the row stride are
-/// worked out once: every tile reads them, and derived per tile they took two integer divisions
-/// on the way to its first activation load.
+/// The padded K layout of one row of codes, fixed when it is made. The steps of a whole block and
+/// the row stride are worked out then, once: every tile reads them, and derived per tile they took
+/// two integer divisions on the way to its first activation load.
 struct PaddedK {
-  int64_t k, block_k, num_blocks, step_codes;
-  int64_t whole_block_steps;  // block_steps(0)
-  int64_t stride;             // row_stride()
+  const int64_t k, block_k, num_blocks, step_codes;
+  const int64_t whole_block_steps;  // block_steps(0)
+  const int64_t stride;             // row_stride()
 
   PaddedK(const WeightOperand& w, CodeType type)
       : k(w.k), block_k(w.k_block()), num_blocks(w.num_k_blocks()),
