@@ -9,8 +9,9 @@
 // of kRowChunk rows. Chunks of more rows than a row tile decode each block of columns once into
 // working memory instead (walk_decoded; on AMD cores fp4 chunks of up to 24 rows walk the weight
 // tiles), which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane
-// sums over 32-element steps in increasing order, folded to 4, scaled by sa[r, b] · sw[c, b] and
-// added lane by lane in block order; then the 4 folded, · alpha (tile_lane_sums). So a row's
+// sums over 32-element steps in increasing order, summed to 4 within each 128-bit chunk, scaled
+// by sa[r, b] · sw[c, b] and added lane by lane in block order; then the 4 chunks folded, · alpha
+// (tile_lane_sums). So a row's
 // result depends on its own activation and weight rows only, never on the other rows of the call,
 // nor on threads.
 //

@@ -132,62 +132,70 @@ void store_tile(const Call& call, const float (&total)[R][C], int64_t r0, int64_
       call.out[(r0 + r) * call.ldo + c0 + c] = has_alpha ? total[r][c] * alpha : total[r][c];
 }
 
-// The 128-bit chunk of a row's totals that holds channel c's 4 lane sums (tile_lane_sums): chunk c
-// in 4-channel tiles, chunks 2c and 2c + 1 (the same sums twice) in 2-channel tiles.
+// A row's C vectors of 16 lane sums folded within each 128-bit chunk, into one vector whose lane c
+// of every chunk holds channel c's sum of that chunk's four lanes, (j + j+2) + (j+1 + j+3): all
+// in-lane unpacks and adds, for each channel the same adds whatever C (in 2-channel tiles lanes 2
+// and 3 repeat channels 0 and 1, as b + a = a + b).
 template <int C>
-constexpr int quad_chunk(int c) {
-  return C == kMaxChannels ? c : 2 * c;
-}
-
-// A row's C vectors of 16 lane sums folded to 4 lanes each (j += j+8, j += j+4), in one vector
-// (quad_chunk): for each channel the adds of fold(), whatever C.
-template <int C>
-inline __m512 row_quads(const __m512 (&acc)[C]) {
-  static_assert(C == 2 || C == kMaxChannels, "a row's quads fill one vector");
+inline __m512 row_chunk_sums(const __m512 (&acc)[C]) {
+  static_assert(C == 2 || C == kMaxChannels, "a row's chunk sums fill one vector");
+  // [a0 + a2, b0 + b2, a1 + a3, b1 + b3] in every chunk, for channels a, b.
+  const auto pair_sums = [](__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  };
+  const __m512 s01 = pair_sums(acc[0], acc[1]);
   if constexpr (C == kMaxChannels) {
-    return avx512::quads_of_octets(avx512::fold2_to_octets(acc[0], acc[1]),
-                                   avx512::fold2_to_octets(acc[2], acc[3]));
+    const __m512d s23 = _mm512_castps_pd(pair_sums(acc[2], acc[3]));
+    const __m512d d01 = _mm512_castps_pd(s01);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d01, s23)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(d01, s23)));
   } else {
-    // j += j+4 on [0: j, 1: j+4 | 2: j, 3: j+4] of channel 0 | 1 adds each chunk pair in both
-    // orders (a + b = b + a): half the shuffles of quads_of_octets.
-    const __m512 octets = avx512::fold2_to_octets(acc[0], acc[1]);
-    return _mm512_add_ps(octets, _mm512_shuffle_f32x4(octets, octets, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_add_ps(s01, _mm512_permute_ps(s01, _MM_SHUFFLE(1, 0, 3, 2)));
   }
 }
 
 // Dots that sum in their own instruction order (Dots::kLaneSums; the avx512_bf16 row) give each
-// output's 16 lane sums of a K block. Each block's are folded to 4 (row_quads), scaled by
-// sa[r, b] · sw[c, b] and added lane by lane (one FMA); the 4 fold once at the end (j += j+2,
-// j += j+1). A row's channels then share one vector of totals, so a 6 × 4 tile keeps 6 totals
-// beside its 24 accumulators: with 24 totals of 16 lanes, spilled and reloaded every block, the
-// per-block scaling took half of a blocked fp8 tile's time (128 × 128 blocks; Zen 4). Never
-// inlined: inlined into the walk of a whole call, its loop's registers depended on the code around
-// it (a change to the activation packing there made nvfp4 decode 1.2× slower through spills in
-// this loop).
+// output's 16 lane sums of a K block. Each block's are summed within each 128-bit chunk
+// (row_chunk_sums), scaled by sa[r, b] · sw[c, b] and added lane by lane (one FMA); the four
+// chunks fold once at the end, (0 + 2) + (1 + 3). A row's channels then share one vector of
+// totals, so a 6 × 4 tile keeps 6 totals beside its 24 accumulators: with 24 totals of 16 lanes,
+// spilled and reloaded every block, the per-block scaling took half of a blocked fp8 tile's time
+// (128 × 128 blocks; Zen 4). The per-block sums take in-lane unpacks: folded across chunks first
+// (j += j+8, j += j+4: six 512-bit lane-crossing shuffles a row of four channels), calls on
+// 128 × 128 fp8 blocks took up to 1.3× the time (Zen 4, one thread, from L2: 1 × 1536 × 2048
+// 1.07–1.33×, 32 rows 1.01–1.11×, 64 × 2048 × 768 1.04–1.10×, 2-channel tiles of 6 and 8 rows
+// 0.98–1.04×; bench/RESULTS.md).
+// Never inlined: inlined into the walk of a whole call, its loop's
+// registers depended on the code around it (a change to the activation packing there made nvfp4
+// decode 1.2× slower through spills in this loop).
 template <int R, int C, class Dots>
 [[gnu::noinline]] void tile_lane_sums(const Call& call, const Dots& dots, int64_t r0,
                                       int64_t c0, int nc, const float* w_scales) {
-  __m512 total[R];  // channel c's 4 lane sums of row r in chunk quad_chunk<C>(c) of total[r]
-  // Each lane's channel, whose sw[c, b] it takes from a block's kMaxChannels scales.
-  const __m512i lane_channels =
-      C == kMaxChannels ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-                        : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 total[R];  // lane c of each chunk of total[r]: channel c of row r (row_chunk_sums)
   for (int64_t b = 0; b < call.nb; ++b) {
     const int64_t k0 = b * call.kb, len = std::min(call.kb, call.w.k - k0);
     __m512 acc[R][C];
     dots.template lanes<R, C>(r0, b, k0, len, acc);
-    const __m512 sw = _mm512_permutexvar_ps(
-        lane_channels, _mm512_castps128_ps512(_mm_loadu_ps(w_scales + b * kMaxChannels)));
+    // sw[c, b] in lane c of every chunk (2-channel tiles: channels 0, 1, 0, 1).
+    __m128 block_scales = _mm_loadu_ps(w_scales + b * kMaxChannels);
+    if constexpr (C == 2) block_scales = _mm_movelh_ps(block_scales, block_scales);
+    const __m512 sw = _mm512_broadcast_f32x4(block_scales);
     for (int r = 0; r < R; ++r) {
       const __m512 scale = _mm512_mul_ps(sw, _mm512_set1_ps(dots.row_scale(r0 + r, b)));
-      const __m512 sums = row_quads<C>(acc[r]);
+      const __m512 sums = row_chunk_sums<C>(acc[r]);
       total[r] = b == 0 ? _mm512_mul_ps(sums, scale) : _mm512_fmadd_ps(sums, scale, total[r]);
     }
   }
-  float chunks[kMaxChannels], folded[R][C];
+  float folded[R][C];
   for (int r = 0; r < R; ++r) {
-    avx512::fold_quads(total[r], chunks);
-    for (int c = 0; c < C; ++c) folded[r][c] = chunks[quad_chunk<C>(c)];
+    // Chunks (0 + 2) + (1 + 3); lane c of chunk 0 then holds channel c.
+    const __m512 halves =
+        _mm512_add_ps(total[r], _mm512_shuffle_f32x4(total[r], total[r], _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 whole =
+        _mm512_add_ps(halves, _mm512_shuffle_f32x4(halves, halves, _MM_SHUFFLE(2, 3, 0, 1)));
+    alignas(16) float lanes[kMaxChannels];
+    _mm_store_ps(lanes, _mm512_castps512_ps128(whole));
+    for (int c = 0; c < C; ++c) folded[r][c] = lanes[c];
   }
   store_tile(call, folded, r0, c0, nc);
 }
