@@ -261,21 +261,13 @@ constexpr int64_t kTestKeptRowBytes = 4 << 20;
 // bytes a row), which the avx512_bf16 paths keep; every other m below takes far less.
 constexpr int64_t kBeyondKeptRows = kTestKeptRowBytes / 256 + 64;  // one chunk of 64 rows more
 
-// The kernels of a level: its row, and at the amx level the AMX float tiles too.
-std::vector<bool> float_tiles_choices(IsaLevel level) {
-  if (level == IsaLevel::kAmx) return {false, true};
-  return {false};
-}
-
 // Whether a row keeps a call's converted activation rows in the scratch for the next call with
 // the same tag (KeptRows): the avx512_bf16 row's streamed path (bf16-exact float operands) and
 // its int8 × int8 path when the rows take at most 4 MiB, amx's int8 tiles (from 16 rows) when
-// they are one chunk of 128 rows. The AMX float tiles keep float operands' rows only from calls
-// of more than one super block of columns (kAmxTilesSuperColumns), which these are not.
-bool keeps_rows(IsaLevel level, bool float_tiles, Coding c, int64_t m) {
+// they are one chunk of 128 rows.
+bool keeps_rows(IsaLevel level, Coding c, int64_t m) {
   if (level < IsaLevel::kAvx512Bf16 || c == Coding::kF32 || c == Coding::kF16) return false;
   if (c == Coding::kInt8Int8 && level == IsaLevel::kAmx && m >= 16) return m <= 128;
-  if (float_tiles && c != Coding::kInt8Int8) return false;
   return m < kBeyondKeptRows;
 }
 
@@ -287,21 +279,15 @@ bool keeps_rows(IsaLevel level, bool float_tiles, Coding c, int64_t m) {
 TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
   const auto [level, coding] = GetParam();
   const KeptRowRoom room(kTestKeptRowBytes);
+  const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
   std::mt19937 rng(5);
   const int64_t n = 70, k = is_fp4(coding) ? 224 : 200, half = n / 2;
   const Operand op = make_operand(rng, coding, n, k);
   std::vector<int64_t> rows = {7, 20, 64, 100, 300};
   if (level >= IsaLevel::kAvx512Bf16) rows.push_back(kBeyondKeptRows);  // only they keep so many
-  // (float tiles, m)
-  std::vector<std::pair<bool, int64_t>> cases;
-  for (const bool float_tiles : float_tiles_choices(level))
-    for (int64_t m : rows) cases.emplace_back(float_tiles, m);
-  for (const auto& one_case : cases) {
-    const bool float_tiles = one_case.first;
-    const int64_t m = one_case.second;
-    const ScaledGemmFn kernel = scaled_gemm_kernel(level, float_tiles);
-    SCOPED_TRACE(::testing::Message()
-                 << scaled_gemm_kernel_name(kernel) << " " << coding_name(coding) << " m=" << m);
+  for (int64_t m : rows) {
+    SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << coding_name(coding)
+                                      << " m=" << m);
     GemmScratch scratch;
     scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
     Activations a = make_activations(rng, coding, m, op.w);
@@ -349,7 +335,7 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
     const std::vector<float> fresh = run(a.view, 0, m, half);
     a.codes = other.codes;
     const std::vector<float> kept = run(a.view, 0, m, half);
-    expect_bits(stale, keeps_rows(level, float_tiles, coding, m) ? kept : fresh, "reuse");
+    expect_bits(stale, keeps_rows(level, coding, m) ? kept : fresh, "reuse");
     EXPECT_FALSE(same_bits(kept.data(), fresh.data(), m * half)) << "the codes must differ";
   }
 }
@@ -358,29 +344,19 @@ TEST_P(KernelScratchTest, TaggedRowsAreReusedOnlyForTheSameTagAndRows) {
 // 9 MiB, as a prefill expert of Mixtral-8x7B's GEMM2 has them) stay kept for the expert's next
 // column block: handed other codes under the same tag (which callers must not do), the second
 // block gives the first codes' result. Weights decoded once per block take them chunk by chunk
-// (so many rows are not walked whole for every block), each chunk from where it was kept. The AMX
-// float tiles keep them from blocks of more than one super block of columns (two chunks here).
+// (so many rows are not walked whole for every block), each chunk from where it was kept.
 TEST(KernelScratch, TheDefaultRoomKeepsTheRowsOfALargePrefillCall) {
   ASSERT_GE(kept_row_bytes(), int64_t{64} << 20);
   std::mt19937 rng(11);
-  const int64_t m = 320, k = 14336;
+  const int64_t m = 320, n = 8, k = 14336, half = n / 2;
   for (IsaLevel level : available_isa_levels()) {
     if (level < IsaLevel::kAvx512Bf16) continue;
-    std::vector<std::pair<bool, Coding>> cases;  // (float tiles, coding)
-    for (const bool float_tiles : float_tiles_choices(level))
-      for (Coding coding : {Coding::kBf16, Coding::kFp8Block, Coding::kMxfp4})
-        cases.emplace_back(float_tiles, coding);
-    for (const auto& one_case : cases) {
-      const ScaledGemmFn kernel = scaled_gemm_kernel(level, one_case.first);
-      const Coding coding = one_case.second;
-      // The float tiles' calls cover at least scaled_gemm_min_call_columns: one super block.
-      const int64_t half = one_case.first ? scaled_gemm_min_call_columns(kernel) + 16 : 4;
-      const int64_t n = 2 * half;
-      SCOPED_TRACE(::testing::Message()
-                   << scaled_gemm_kernel_name(kernel) << " " << coding_name(coding));
+    for (Coding coding : {Coding::kBf16, Coding::kFp8Block, Coding::kMxfp4}) {
+      SCOPED_TRACE(::testing::Message() << isa_level_name(level) << " " << coding_name(coding));
       const Operand op = make_operand(rng, coding, n, k);
       const Activations first = make_activations(rng, coding, m, op.w);
       const Activations other = make_activations(rng, coding, m, op.w);
+      const ScaledGemmFn kernel = scaled_gemm_kernel(level, /*amx_float_tiles=*/false);
       GemmScratch scratch;
       scratch.bytes.assign(gemm_scratch_bytes(kernel, op.w), 0xff);
       Activations a = first;

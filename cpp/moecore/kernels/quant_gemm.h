@@ -290,9 +290,8 @@ ScaledGemmFn scaled_gemm_kernel(IsaLevel level);
 bool scaled_gemm_reads_weight_tiles(ScaledGemmFn kernel);
 
 /// The fewest weight rows (output columns) a call of row `kernel` should cover, where a schedule
-/// can give it that many; 0 when any width suits it. The AMX float tiles convert a call's
-/// activation rows once (and keep them only for calls wider than 512 weight rows), so narrower
-/// calls spend more on converting than on the tiles.
+/// can give it that many; 0 when any width suits it. The AMX float tiles pack a call's activation
+/// rows once per 512 weight rows, so narrower calls spend more on packing than on the tiles.
 int64_t scaled_gemm_min_call_columns(ScaledGemmFn kernel);
 
 /// The most activation rows a call of row `kernel` serves from one read of each weight row (its
@@ -344,9 +343,8 @@ size_t scaled_gemm_amx_scratch_bytes(const WeightOperand& w);
 void scaled_gemm_amx_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                            int64_t n0, int64_t n, float* out, int64_t ldo);
 size_t scaled_gemm_amx_tiles_scratch_bytes(const WeightOperand& w);
-/// Weight rows per super block of scaled_gemm_amx_tiles, which converts a call's activation rows
-/// once, and keeps them for the next call only from calls of more super blocks: its
-/// scaled_gemm_min_call_columns.
+/// Weight rows per super block of scaled_gemm_amx_tiles, which packs a call's activation rows
+/// once per super block: its scaled_gemm_min_call_columns.
 constexpr int64_t kAmxTilesSuperColumns = 512;
 #endif
 

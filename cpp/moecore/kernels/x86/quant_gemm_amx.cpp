@@ -263,8 +263,8 @@ constexpr int64_t kSliceSteps = 16;
 // Activation rows of a slice lie this far apart: a line more than their bytes, so that a tile's
 // 16 rows do not share a few cache sets.
 constexpr int64_t kSliceBytes = (kSliceSteps + 1) * kStepBytes;
-// Weight rows per super block: the C tiles of its unfinished scale blocks stay in working memory
-// (512 KiB at 256 rows).
+// Weight rows per super block: the activation slice is packed once per super block, and the C
+// tiles of its unfinished scale blocks stay in working memory (512 KiB at 256 rows).
 constexpr int64_t kSuperColumns = kAmxTilesSuperColumns;
 constexpr int64_t kPairRows = 2 * kTileRows;  // weight rows per tile pair
 
@@ -299,37 +299,16 @@ TileConfig float_tile_config(int64_t h0, int64_t h1, int weight_tiles) {
 // Real rows of row tile t of a chunk of m rows.
 int64_t tile_rows(int64_t m, int64_t t) { return std::min(kTileRows, m - t * kTileRows); }
 
-// A chunk of activation rows converted to bf16, slice by slice: slice q (steps [16q, 16q + 16) of
-// every row) from q · kFloatRowChunk · kSliceBytes on, row r of it kSliceBytes · r further.
-int64_t chunk_bytes(const PaddedK& pk) {
-  return (pk.steps() + kSliceSteps - 1) / kSliceSteps * kFloatRowChunk * kSliceBytes;
-}
-
-// Activation rows the float path keeps converted: whole chunks, at least one, in the room of
-// kept_row_bytes. A call of more than one super block converts each slice into its place as the
-// first super block reaches it (so it is in L2 for that block's tiles); later super blocks, and
-// the next call on the same rows (the expert's next columns), read it as converted. Converting
-// every slice again for every super block, 256 × 1792 × 4096 bf16 calls took 1.03–1.09× the time
-// (nvfp4 1.10×, 1024 rows 1.09–1.11×; 16-core Xeon, one thread). A call of one super block reads
-// each slice once: it converts them all into the first slice's place, which stays in L2, and
-// keeps nothing (into their own places, 256 × 512 × 4096 bf16 and mxfp4, and 256 × 512 × 14336
-// bf16, took 1.03–1.05× the time; bench/RESULTS.md).
-int64_t float_kept_rows(const PaddedK& pk) {
-  return std::max<int64_t>(1, kept_row_bytes() / chunk_bytes(pk)) * kFloatRowChunk;
-}
-
 // The float path's working memory, one layout for every call on the weight operand.
 struct FloatBuffers {
-  int64_t capacity;  // float_kept_rows
-  uint8_t* act;      // [capacity / kFloatRowChunk, chunk_bytes]: converted activation rows
-  uint8_t* b_tiles;  // [2 weight tiles, kSliceSteps] VNNI B tiles of the pair's slice
-  uint8_t* stage;    // [16, kStepBytes]: one step of a weight tile's rows, decoded
-  float* carried;    // [kFloatRowChunk, kSuperColumns]: C tiles of scale blocks not finished
-  float* sums;       // [4][16 × 16]: C tiles of a finished block, as stored
-  float* w_scales;   // [nb, kSuperColumns]
+  uint8_t* act;       // [kFloatRowChunk, kSliceBytes]: a slice of the chunk's rows, padded bf16
+  uint8_t* b_tiles;   // [2 weight tiles, kSliceSteps] VNNI B tiles of the pair's slice
+  uint8_t* stage;     // [16, kStepBytes]: one step of a weight tile's rows, decoded
+  float* carried;     // [kFloatRowChunk, kSuperColumns]: C tiles of scale blocks not finished
+  float* sums;        // [4][16 × 16]: C tiles of a finished block, as stored
+  float* w_scales;    // [nb, kSuperColumns]
   FloatBuffers(ScratchCarver& s, const PaddedK& pk)
-      : capacity(float_kept_rows(pk)),
-        act(s.take<uint8_t>(capacity / kFloatRowChunk * chunk_bytes(pk))),
+      : act(s.take<uint8_t>(kFloatRowChunk * kSliceBytes)),
         b_tiles(s.take<uint8_t>(2 * kSliceSteps * kTileBytes)),
         stage(s.take<uint8_t>(kTileBytes)),
         carried(s.take<float>(kFloatRowChunk * kSuperColumns)),
@@ -343,14 +322,14 @@ size_t float_scratch_bytes(const PaddedK& pk) {
   return sizing.bytes();
 }
 
-// Steps [s0, s1) of activation rows [0, m) as bf16 codes, row r at slice + r · kSliceBytes (each
-// K block padded with zeros to whole steps, as PaddedK lays out a row).
+// Steps [s0, s1) of activation rows [0, m) as bf16 codes, row r at act + r · kSliceBytes (each K
+// block padded with zeros to whole steps, as PaddedK lays out a row).
 void pack_activation_slice(const ActivationCodes& a, int64_t m, const PaddedK& pk, int64_t s0,
-                           int64_t s1, uint8_t* slice) {
+                           int64_t s1, uint8_t* act) {
   const int64_t block_steps = pk.block_steps(0);
   for (int64_t r = 0; r < m; ++r) {
     const float* src = a.row(r);
-    uint8_t* dst = slice + r * kSliceBytes;
+    uint8_t* dst = act + r * kSliceBytes;
     for (int64_t s = s0; s < s1; ++s) {
       const int64_t b = s / block_steps, i = s - b * block_steps;
       const int64_t k = b * pk.block_k + 32 * i, len = pk.block_len(b) - 32 * i;
@@ -458,17 +437,17 @@ inline void store_float_tiles(float* c, int64_t stride_floats) {
   }
 }
 
-// Row tiles t0 (and t0 + 1) of a chunk of m rows (the slice [s0, s1) of them at `slice`) against
-// the pair at column p0 of the super block (`cols` real columns), over the slice, whose B tiles
-// are packed: each scale block starts from zero or from its carried tiles, and is folded into out
-// (the super block's first column of the chunk's row 0) once it ends, else carried on.
+// Row tiles t0 (and t0 + 1) of a chunk of m rows against the pair at column p0 of the super
+// block (`cols` real columns), over the slice [s0, s1) whose B tiles are packed: each scale block
+// starts from zero or from its carried tiles, and is folded into out (the super block's first
+// column of the chunk's row 0) once it ends, else carried on.
 template <int kRowTiles, int kWeightTiles>
-void float_pair_slice(const ActivationCodes& a, int64_t m, const uint8_t* slice, int64_t t0,
-                      int64_t p0, int64_t cols, const PaddedK& pk, int64_t s0, int64_t s1,
-                      float alpha, const FloatBuffers& buffers, float* out, int64_t ldo) {
+void float_pair_slice(const ActivationCodes& a, int64_t m, int64_t t0, int64_t p0, int64_t cols,
+                      const PaddedK& pk, int64_t s0, int64_t s1, float alpha,
+                      const FloatBuffers& buffers, float* out, int64_t ldo) {
   const int64_t block_steps = pk.block_steps(0), nb = pk.num_blocks;
-  const uint8_t* const rows[2] = {slice + t0 * kTileRows * kSliceBytes,
-                                  slice + (t0 + kRowTiles - 1) * kTileRows * kSliceBytes};
+  const uint8_t* const rows[2] = {buffers.act + t0 * kTileRows * kSliceBytes,
+                                  buffers.act + (t0 + kRowTiles - 1) * kTileRows * kSliceBytes};
   float* const carried = buffers.carried + t0 * kTileRows * kSuperColumns + p0;
   for (int64_t s = s0; s < s1;) {
     const int64_t b = s / block_steps, block_end = b * block_steps + pk.block_steps(b);
@@ -514,16 +493,13 @@ struct LoadedConfig {
   }
 };
 
-// Activation rows [0, m ≤ kFloatRowChunk) of the call, converted at act (chunk_bytes; with
-// `converted` already, else here as the first super block reaches each slice: in its place when
-// the call has more super blocks, else in the first slice's), against weight rows [n0, n0 + n):
-// per super block of columns, per K slice, each weight pair's slice is packed once for every row
-// tile of the chunk.
+// Activation rows [0, m ≤ kFloatRowChunk) of the call against weight rows [n0, n0 + n): per
+// super block of columns, per K slice, the activation slice is packed once and each weight pair's
+// slice once, for every row tile of the chunk.
 template <class Stream>
-void float_gemm_chunk(const ActivationCodes& a, int64_t m, uint8_t* act, bool converted,
-                      const WeightOperand& w, int64_t e, int64_t n0, int64_t n, float* out,
-                      int64_t ldo, const PaddedK& pk, const FloatBuffers& buffers,
-                      LoadedConfig& loaded) {
+void float_gemm_chunk(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
+                      int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
+                      const FloatBuffers& buffers, LoadedConfig& loaded) {
   const int64_t steps = pk.steps();
   const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
   const float alpha = expert_alpha(w, e);
@@ -533,9 +509,7 @@ void float_gemm_chunk(const ActivationCodes& a, int64_t m, uint8_t* act, bool co
       weight_row_scales(w, e, n0 + c0 + j, buffers.w_scales + j, kSuperColumns);
     for (int64_t s0 = 0; s0 < steps; s0 += kSliceSteps) {
       const int64_t s1 = std::min(steps, s0 + kSliceSteps);
-      const bool in_place = converted || n > kSuperColumns;
-      uint8_t* const slice = act + (in_place ? s0 / kSliceSteps : 0) * kFloatRowChunk * kSliceBytes;
-      if (c0 == 0 && !converted) pack_activation_slice(a, m, pk, s0, s1, slice);
+      pack_activation_slice(a, m, pk, s0, s1, buffers.act);
       for (int64_t p0 = 0; p0 < super_cols; p0 += kPairRows) {
         const int64_t cols = std::min(kPairRows, super_cols - p0);
         const WeightPair<Stream> pair(w, pk, e, n0 + c0 + p0, cols);
@@ -549,7 +523,7 @@ void float_gemm_chunk(const ActivationCodes& a, int64_t m, uint8_t* act, bool co
           // The tile block's shape as template arguments: row tiles × weight tiles.
           auto run = [&](auto row_tiles_c, auto weight_tiles_c) {
             float_pair_slice<decltype(row_tiles_c)::value, decltype(weight_tiles_c)::value>(
-                a, m, slice, t0, p0, cols, pk, s0, s1, alpha, buffers, out + c0, ldo);
+                a, m, t0, p0, cols, pk, s0, s1, alpha, buffers, out + c0, ldo);
           };
           using One = std::integral_constant<int, 1>;
           using Two = std::integral_constant<int, 2>;
@@ -563,28 +537,16 @@ void float_gemm_chunk(const ActivationCodes& a, int64_t m, uint8_t* act, bool co
   }
 }
 
-// KeptRows' name for the float path's activation rows (the avx512_bf16 row's are 0 and 1).
-constexpr int kFloatTilesRowsLayout = 2;
-
-// Each output depends only on its own activation row: chunks of rows are calls of their own. A
-// call whose rows all fit the buffers converts each chunk into a place of its own (and keeps them
-// for the next call on the same rows when every slice is in its place); more rows take turns in
-// the first chunk's place.
+// Each output depends only on its own activation row: chunks of rows are calls of their own.
 template <class Stream>
 void run_float_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
                      int64_t n0, int64_t n, float* out, int64_t ldo, const PaddedK& pk,
                      const FloatBuffers& buffers) {
-  if (n == 0) return;  // no super block converts a row, so none may be kept
-  const KeptRows kept(a, m, w, buffers.capacity, kFloatTilesRowsLayout);
   LoadedConfig loaded;
-  for (int64_t r0 = 0; r0 < m; r0 += kFloatRowChunk) {
-    const int64_t place = m <= buffers.capacity ? r0 / kFloatRowChunk : 0;
-    float_gemm_chunk<Stream>(activation_rows_from(a, r0), std::min(kFloatRowChunk, m - r0),
-                             buffers.act + place * chunk_bytes(pk), kept.reusable(), w, e, n0, n,
-                             out + r0 * ldo, ldo, pk, buffers, loaded);
-  }
+  for (int64_t r0 = 0; r0 < m; r0 += kFloatRowChunk)
+    float_gemm_chunk<Stream>(activation_rows_from(a, r0), std::min(kFloatRowChunk, m - r0), w, e,
+                             n0, n, out + r0 * ldo, ldo, pk, buffers, loaded);
   _tile_release();
-  if (kept.reusable() || n > kSuperColumns) kept.keep();  // every slice in its place
 }
 
 void scaled_gemm_float_tiles(const ActivationCodes& a, int64_t m, const WeightOperand& w, int64_t e,
