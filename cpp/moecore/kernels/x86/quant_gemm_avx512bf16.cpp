@@ -9,11 +9,10 @@
 // of kRowChunk rows. Chunks of more rows than a row tile decode each block of columns once into
 // working memory instead (walk_decoded; on AMD cores fp4 chunks of up to 24 rows walk the weight
 // tiles), which the dots read as the same bf16 vectors. Each output: per K block, 16 fp32 lane
-// sums over 32-element steps in increasing order, summed to 4 within each 128-bit chunk, scaled
-// by sa[r, b] · sw[c, b] and added lane by lane in block order; then the 4 chunks folded, · alpha
-// (tile_lane_sums). So a row's
-// result depends on its own activation and weight rows only, never on the other rows of the call,
-// nor on threads.
+// sums over 32-element steps in increasing order, summed within each 128-bit chunk, scaled by
+// sa[r, b] · sw[c, b] and added chunk by chunk in block order; then the 4 chunk totals folded,
+// · alpha (tile_lane_sums). So a row's result depends on its own activation and weight rows only,
+// never on the other rows of the call, nor on threads.
 //
 // int8 × int8 codes: VPDPBUSD on the int8 weights as streamed, against activation bytes in the
 // padded layout of bf16_operands.h (exact int32, so bitwise equal to every other row). Other

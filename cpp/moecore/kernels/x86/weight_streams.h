@@ -164,8 +164,7 @@ inline __m512 row_chunk_sums(const __m512 (&acc)[C]) {
 // (j += j+8, j += j+4: six 512-bit lane-crossing shuffles a row of four channels), calls on
 // 128 × 128 fp8 blocks took up to 1.3× the time (Zen 4, one thread, from L2: 1 × 1536 × 2048
 // 1.07–1.33×, 32 rows 1.01–1.11×, 64 × 2048 × 768 1.04–1.10×, 2-channel tiles of 6 and 8 rows
-// 0.98–1.04×; bench/RESULTS.md).
-// Never inlined: inlined into the walk of a whole call, its loop's
+// 0.98–1.04×; bench/RESULTS.md). Never inlined: inlined into the walk of a whole call, its loop's
 // registers depended on the code around it (a change to the activation packing there made nvfp4
 // decode 1.2× slower through spills in this loop).
 template <int R, int C, class Dots>
