@@ -162,13 +162,8 @@ template <int kGroup>
 struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   const Fp4Bf16Tables& bf16_tables = tables_of_coding();
   /// The bf16 table of channel c's element k.
-  __m512i table(int c, int64_t k) const {
-    return _mm512_load_si512(bf16_tables.values[this->scale_code(c, k)]);
-  }
-  /// Its first 16 words alone, the rest zero.
-  __m512i half_table(int c, int64_t k) const {
-    const uint16_t* words = bf16_tables.values[this->scale_code(c, k)];
-    return _mm512_zextsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(words)));
+  const uint16_t* table(int c, int64_t k) const {
+    return bf16_tables.values[this->scale_code(c, k)];
   }
   static const Fp4Bf16Tables& tables_of_coding() {
     static const Fp4Bf16Tables tables(fp4_tables<kGroup>());
@@ -176,23 +171,29 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   }
 };
 
-// Elements [k, k + 32) of channel c from index words whose bits 0–3 hold element k + j in word j
-// (bit 4 is free): one permute of the block's table, or with 16-element groups (nvfp4) one
-// two-table permute of the two blocks' first 16 words, words 16–31 reading the next block's
-// through index bit 5 (set there, and bits 4–15 cleared everywhere: one bit operation), unless
-// only the first 16 elements are left (`whole` false: those words are +0, and no scale past the
-// row's end is read). Two masked one-table permutes took up to 1.1× the time (Zen 4, nvfp4 calls
-// of 2 to 24 rows; bench/RESULTS.md).
+// A table's 64 bytes, or its first 16 words alone (the rest zero).
+inline __m512i load_table(const uint16_t* table) { return _mm512_load_si512(table); }
+inline __m512i load_half_table(const uint16_t* table) {
+  return _mm512_zextsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(table)));
+}
+
+// 32 elements as bf16 codes from index words whose bits 0–3 hold element j in word j (bit 4 is
+// free), `first` the bf16 table of their block: one permute, or with 16-element groups (nvfp4)
+// one two-table permute of the two blocks' first 16 words, words 16–31 reading the next block's
+// table (`second`) through index bit 5 (set there, and bits 4–15 cleared everywhere: one bit
+// operation), unless only the first 16 elements are left (`whole` false: those words are +0, and
+// `second`, past the row's end, is not read). Two masked one-table permutes took up to 1.1× the
+// time (Zen 4, nvfp4 calls of 2 to 24 rows; bench/RESULTS.md).
 template <int kGroup>
-inline __m512i fp4_bf16_step(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t k,
-                             __m512i nibbles, bool whole) {
-  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, stream.table(c, k));
-  if (!whole) return _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, stream.table(c, k));
+inline __m512i fp4_bf16_step(const uint16_t* first, const uint16_t* second, __m512i nibbles,
+                             bool whole) {
+  if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, load_table(first));
+  if (!whole) return _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, load_table(first));
   const __m512i upper_words = _mm512_maskz_mov_epi16(0xffff0000, _mm512_set1_epi16(0x20));
   // (nibbles & 0xf) | upper_words
   const __m512i index =
       _mm512_ternarylogic_epi32(nibbles, _mm512_set1_epi16(0xf), upper_words, 0xea);
-  return _mm512_permutex2var_epi16(stream.half_table(c, k), index, stream.half_table(c, k + 16));
+  return _mm512_permutex2var_epi16(load_half_table(first), index, load_half_table(second));
 }
 
 // From the contract rows: word 2j of the index vector takes byte j's low nibble, word 2j + 1 its
@@ -208,16 +209,17 @@ inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t 
   // (x | x << 12) & 0x000f000f
   const __m512i nibbles =
       _mm512_ternarylogic_epi32(x, _mm512_slli_epi32(x, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-  return fp4_bf16_step(stream, c, k, nibbles, whole);
+  return fp4_bf16_step<kGroup>(stream.table(c, k), whole ? stream.table(c, k + 16) : nullptr,
+                               nibbles, whole);
 }
 
 // fp4 rows read from the weight tiles, whose pieces hold their 128 codes with the nibbles
 // transposed (weight_tiles.h, TileLayout::kFp4Nibbles): word j of a piece holds elements j,
 // 32 + j, 64 + j and 96 + j from its low nibble up. So the piece shifted right by 4s indexes step
 // s (elements 32s to 32s + 31, in order) in its words' low nibbles: a whole piece is one load,
-// three shifts and four permutes (eight for nvfp4), where the stored order takes a widening, a
-// shift and a bit operation before each permute (Zen 4, 1 × 16384 × 2048 from memory: mxfp4 in
-// 0.76×, nvfp4 in 0.84× the time; bench/RESULTS.md).
+// four permutes (eight for nvfp4) and a shift by 4 per step, where the stored order takes a
+// widening, a shift and a bit operation before each permute (Zen 4, 1 × 16384 × 2048 from memory:
+// mxfp4 in 0.76×, nvfp4 in 0.84× the time; bench/RESULTS.md).
 template <int kGroup>
 struct Fp4TileStream : Fp4Bf16Stream<kGroup> {
   Fp4TileStream() { this->tiled = true; }
@@ -238,13 +240,34 @@ inline __m512i load_piece(const Fp4TileStream<kGroup>& stream, int c, int64_t k)
   return _mm512_loadu_si512(stream.at(c, k >> 1));
 }
 
-/// Step s of that piece as 32 bf16 codes (elements k + 32s on, in order), `left` > 32s elements
-/// from k to the row's end.
+/// Its blocks' scale codes (block b's at [b]), found once for the piece's kPieceSteps steps,
+/// which then read them at constant offsets, in place of an address computed per block and step
+/// (one thread, warm, alternating runs: 4 × 1536 × 2048 nvfp4 / mxfp4 in 0.93 / 0.90× the time on
+/// the 16-core Xeon, 0.92 / 0.92× on Zen 4; one row 0.94–1.00×; bench/RESULTS.md).
 template <int kGroup>
-inline __m512i piece_step_bf16(const Fp4TileStream<kGroup>& stream, int c, int64_t k,
-                               __m512i piece, int s, int64_t left) {
-  const __m512i nibbles = s == 0 ? piece : _mm512_srli_epi16(piece, 4 * s);
-  return fp4_bf16_step(stream, c, k + 32 * s, nibbles, left - 32 * s > 16);
+inline const uint8_t* piece_scale_codes(const Fp4TileStream<kGroup>& stream, int c, int64_t k) {
+  return stream.scale_codes[c] + k / kGroup;
+}
+
+/// A piece's next step as 32 bf16 codes (elements in order) from its nibbles and scale codes,
+/// `left` > 0 elements from the step's first to the row's end; both then move on to the step
+/// after it (the nibbles shifted down, the codes a step on, so every step takes the same constant
+/// shift and offsets).
+template <int kGroup>
+inline __m512i next_step_bf16(const Fp4TileStream<kGroup>& stream, __m512i& nibbles,
+                              const uint8_t*& scale_codes, int64_t left) {
+  const auto& tables = stream.bf16_tables.values;
+  __m512i bf16;
+  if constexpr (kGroup == 32) {
+    bf16 = fp4_bf16_step<kGroup>(tables[scale_codes[0]], nullptr, nibbles, true);
+  } else {
+    const bool whole = left > 16;
+    bf16 = fp4_bf16_step<kGroup>(tables[scale_codes[0]], whole ? tables[scale_codes[1]] : nullptr,
+                                 nibbles, whole);
+  }
+  scale_codes += 32 / kGroup;
+  nibbles = _mm512_srli_epi16(nibbles, 4);
+  return bf16;
 }
 
 }  // namespace

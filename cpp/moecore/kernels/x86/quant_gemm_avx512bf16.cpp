@@ -193,10 +193,15 @@ struct Bf16Dots {
   void piece_dots(const uint8_t* rows, int64_t row_stride, int64_t k0, int64_t i, int64_t left,
                   __m512 (&acc)[R][C]) const {
     __m512i pieces[C];
-    for (int c = 0; c < C; ++c) pieces[c] = load_piece(stream, c, k0 + i);
+    const uint8_t* scale_codes[C];
+    for (int c = 0; c < C; ++c) {
+      pieces[c] = load_piece(stream, c, k0 + i);
+      scale_codes[c] = piece_scale_codes(stream, c, k0 + i);
+    }
     for (int s = 0; s < kPieceSteps && 32 * s < left; ++s) {
       __m512i wv[C];
-      for (int c = 0; c < C; ++c) wv[c] = piece_step_bf16(stream, c, k0 + i, pieces[c], s, left);
+      for (int c = 0; c < C; ++c)
+        wv[c] = next_step_bf16(stream, pieces[c], scale_codes[c], left - 32 * s);
       for (int r = 0; r < R; ++r) {
         const __m512i av = _mm512_loadu_si512(rows + r * row_stride + 2 * (i + 32 * s));
         for (int c = 0; c < C; ++c)
