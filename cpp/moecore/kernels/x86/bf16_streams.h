@@ -2,7 +2,7 @@
 // to bf16 codes in registers (load_bf16x32), for every coding these rows take (bf16 as stored,
 // e4m3fn, int8 as float values, nvfp4/mxfp4 through per-scale tables); e4m3fn byte tables also a
 // pair of steps at a time (load_bf16x64), and fp4 weight tiles a 64-byte piece of four steps at a
-// time (load_piece, piece_step_bf16). Include only from files compiled with AVX512-BF16 and VBMI
+// time (load_piece, next_step_bf16). Include only from files compiled with AVX512-BF16 and VBMI
 // flags or more; internal linkage, so each row keeps its own copy.
 #pragma once
 
@@ -144,9 +144,9 @@ inline void load_bf16x64(const Fp8ByteTableStream& stream, int c, int64_t k, __m
 // anything, as it is where a word holds more than one nibble (Fp4TileStream). A whole nvfp4 step
 // rewrites its index anyway, to set bit 5 where words read the second block's table
 // (fp4_bf16_step); the same operation clears bit 4, so the step loads each table's first 16 words
-// alone (half_table): half the bytes, and 0.80× the time of a one-row call (Zen 4, 1 × 1536 × 2048
-// from L3; bench/RESULTS.md). Tables of 16 words, 32 bytes apart, took 1.14× the time of that, as
-// did this layout with the partial step's permute on the cleared index too.
+// alone (load_half_table): half the bytes, and 0.80× the time of a one-row call (Zen 4,
+// 1 × 1536 × 2048 from L3; bench/RESULTS.md). Tables of 16 words, 32 bytes apart, took 1.14× the
+// time of that, as did this layout with the partial step's permute on the cleared index too.
 struct Fp4Bf16Tables {
   alignas(64) uint16_t values[256][32];
   explicit Fp4Bf16Tables(const Fp4Tables& fp32) {
@@ -214,10 +214,10 @@ inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t 
 }
 
 // fp4 rows read from the weight tiles, whose pieces hold their 128 codes with the nibbles
-// transposed (weight_tiles.h, TileLayout::kFp4Nibbles): word j of a piece holds elements j,
-// 32 + j, 64 + j and 96 + j from its low nibble up. So the piece shifted right by 4s indexes step
-// s (elements 32s to 32s + 31, in order) in its words' low nibbles: a whole piece is one load,
-// four permutes (eight for nvfp4) and a shift by 4 per step, where the stored order takes a
+// transposed (weight_tiles.h, TileLayout::kFp4Nibbles): word j of a piece holds elements j, 32 + j,
+// 64 + j and 96 + j from its low nibble up. So the piece shifted right by 4s indexes step s
+// (elements 32s to 32s + 31, in order) in its words' low nibbles: a whole piece is one load, four
+// permutes (two-table ones for nvfp4) and a shift by 4 per step, where the stored order takes a
 // widening, a shift and a bit operation before each permute (Zen 4, 1 × 16384 × 2048 from memory:
 // mxfp4 in 0.76×, nvfp4 in 0.84× the time; bench/RESULTS.md).
 template <int kGroup>
@@ -226,7 +226,7 @@ struct Fp4TileStream : Fp4Bf16Stream<kGroup> {
 };
 
 // Streams that load a whole 64-byte piece at a time (load_piece) and decode its kPieceSteps steps
-// of 32 elements, in element order, from the register (piece_step_bf16).
+// of 32 elements, in element order, from the register (next_step_bf16).
 template <class Stream>
 constexpr bool kWholePieces = false;
 template <int kGroup>
