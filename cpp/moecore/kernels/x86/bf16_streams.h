@@ -246,7 +246,7 @@ inline __m512i load_piece(const Fp4TileStream<kGroup>& stream, int c, int64_t k)
 /// the 16-core Xeon, 0.92 / 0.92× on Zen 4; one row 0.94–1.00×; bench/RESULTS.md).
 template <int kGroup>
 inline const uint8_t* piece_scale_codes(const Fp4TileStream<kGroup>& stream, int c, int64_t k) {
-  return stream.scale_codes[c] + k / kGroup;
+  return stream.scale_codes[c] + static_cast<uint64_t>(k) / kGroup;  // k ≥ 0: a shift
 }
 
 /// A piece's next step as 32 bf16 codes (elements in order) from its nibbles and scale codes,
