@@ -142,11 +142,11 @@ inline void load_bf16x64(const Fp8ByteTableStream& stream, int c, int64_t k, __m
 // subnormals, which VDPBF16PS would read as zero anyway, become zero). VPERMW reads only bits 0–4
 // of an index word, so each table holds its 16 entries twice (one 64-byte line): bit 4 may be
 // anything, as it is where a word holds more than one nibble (Fp4TileStream). A whole nvfp4 step
-// rewrites its index anyway, to set bit 5 where words read the second block's table
-// (fp4_bf16_step); the same operation clears bit 4, so the step loads each table's first 16 words
-// alone (load_half_table): half the bytes, and 0.80× the time of a one-row call (Zen 4,
-// 1 × 1536 × 2048 from L3; bench/RESULTS.md). Tables of 16 words, 32 bytes apart, took 1.14× the
-// time of that, as did this layout with the partial step's permute on the cleared index too.
+// rewrites its index anyway, to set bit 4 where words read the second block's entries
+// (fp4_bf16_step), so it loads each table's first 16 words alone (load_table_pair): half the
+// bytes, and 0.80× the time of a one-row call (Zen 4, 1 × 1536 × 2048 from L3; bench/RESULTS.md).
+// Tables of 16 words, 32 bytes apart, took 1.14× the time of that, as did this layout with the
+// partial step's permute on the rewritten index too.
 struct Fp4Bf16Tables {
   alignas(64) uint16_t values[256][32];
   explicit Fp4Bf16Tables(const Fp4Tables& fp32) {
@@ -171,29 +171,34 @@ struct Fp4Bf16Stream : Fp4Stream<kGroup> {
   }
 };
 
-// A table's 64 bytes, or its first 16 words alone (the rest zero).
+// A table's 64 bytes; or the first 16 words of two tables side by side, `second`'s in words
+// 16–31, where index bit 4 reaches them.
 inline __m512i load_table(const uint16_t* table) { return _mm512_load_si512(table); }
-inline __m512i load_half_table(const uint16_t* table) {
-  return _mm512_zextsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(table)));
+inline __m512i load_table_pair(const uint16_t* first, const uint16_t* second) {
+  const __m256i low = _mm256_load_si256(reinterpret_cast<const __m256i*>(first));
+  const __m256i high = _mm256_load_si256(reinterpret_cast<const __m256i*>(second));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
 }
 
 // 32 elements as bf16 codes from index words whose bits 0–3 hold element j in word j (bit 4 is
 // free), `first` the bf16 table of their block: one permute, or with 16-element groups (nvfp4)
-// one two-table permute of the two blocks' first 16 words, words 16–31 reading the next block's
-// table (`second`) through index bit 5 (set there, and bits 4–15 cleared everywhere: one bit
-// operation), unless only the first 16 elements are left (`whole` false: those words are +0, and
-// `second`, past the row's end, is not read). Two masked one-table permutes took up to 1.1× the
-// time (Zen 4, nvfp4 calls of 2 to 24 rows; bench/RESULTS.md).
+// one permute of the two blocks' first 16 words side by side, words 16–31 reading the next
+// block's (`second`) through index bit 4 (set there, cleared in words 0–15: one bit operation),
+// unless only the first 16 elements are left (`whole` false: those words are +0, and `second`,
+// past the row's end, is not read). A two-table permute (VPERMT2W) of the two half tables, bit 5
+// picking the table, took 1.00–1.06× the time of this on Zen 4 (1.0× on the Xeon; the same loads,
+// VPERMT2W in place of a 256-bit insert and VPERMW); two masked one-table permutes took up to
+// 1.1× its time (Zen 4, nvfp4 calls of 2 to 24 rows; bench/RESULTS.md).
 template <int kGroup>
 inline __m512i fp4_bf16_step(const uint16_t* first, const uint16_t* second, __m512i nibbles,
                              bool whole) {
   if constexpr (kGroup == 32) return _mm512_permutexvar_epi16(nibbles, load_table(first));
   if (!whole) return _mm512_maskz_permutexvar_epi16(0x0000ffff, nibbles, load_table(first));
-  const __m512i upper_words = _mm512_maskz_mov_epi16(0xffff0000, _mm512_set1_epi16(0x20));
+  const __m512i upper_words = _mm512_maskz_mov_epi16(0xffff0000, _mm512_set1_epi16(0x10));
   // (nibbles & 0xf) | upper_words
   const __m512i index =
       _mm512_ternarylogic_epi32(nibbles, _mm512_set1_epi16(0xf), upper_words, 0xea);
-  return _mm512_permutex2var_epi16(load_half_table(first), index, load_half_table(second));
+  return _mm512_permutexvar_epi16(index, load_table_pair(first, second));
 }
 
 // From the contract rows: word 2j of the index vector takes byte j's low nibble, word 2j + 1 its
@@ -217,9 +222,9 @@ inline __m512i load_bf16x32(const Fp4Bf16Stream<kGroup>& stream, int c, int64_t 
 // transposed (weight_tiles.h, TileLayout::kFp4Nibbles): word j of a piece holds elements j, 32 + j,
 // 64 + j and 96 + j from its low nibble up. So the piece shifted right by 4s indexes step s
 // (elements 32s to 32s + 31, in order) in its words' low nibbles: a whole piece is one load, four
-// permutes (two-table ones for nvfp4) and a shift by 4 per step, where the stored order takes a
-// widening, a shift and a bit operation before each permute (Zen 4, 1 × 16384 × 2048 from memory:
-// mxfp4 in 0.76×, nvfp4 in 0.84× the time; bench/RESULTS.md).
+// permutes (of two half tables for nvfp4) and a shift by 4 per step, where the stored order takes
+// a widening, a shift and a bit operation before each permute (Zen 4, 1 × 16384 × 2048 from
+// memory: mxfp4 in 0.76×, nvfp4 in 0.84× the time; bench/RESULTS.md).
 template <int kGroup>
 struct Fp4TileStream : Fp4Bf16Stream<kGroup> {
   Fp4TileStream() { this->tiled = true; }
