@@ -186,9 +186,10 @@ inline __m512i load_table_pair(const uint16_t* first, const uint16_t* second) {
 // block's (`second`) through index bit 4 (set there, cleared in words 0–15: one bit operation),
 // unless only the first 16 elements are left (`whole` false: those words are +0, and `second`,
 // past the row's end, is not read). A two-table permute (VPERMT2W) of the two half tables, bit 5
-// picking the table, took 1.00–1.06× the time of this on Zen 4 (1.0× on the Xeon; the same loads,
-// VPERMT2W in place of a 256-bit insert and VPERMW); two masked one-table permutes took up to
-// 1.1× its time (Zen 4, nvfp4 calls of 2 to 24 rows; bench/RESULTS.md).
+// picking the table, took 1.00–1.07× the time of this on Zen 4 and 0.97–1.02× on the Xeon (the
+// same loads, VPERMT2W in place of a 256-bit insert and VPERMW; one-thread calls of 1 to 16 rows);
+// two masked one-table permutes took up to 1.1× its time (Zen 4, nvfp4 calls of 2 to 24 rows;
+// bench/RESULTS.md).
 template <int kGroup>
 inline __m512i fp4_bf16_step(const uint16_t* first, const uint16_t* second, __m512i nibbles,
                              bool whole) {
