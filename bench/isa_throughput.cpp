@@ -42,16 +42,16 @@ namespace {
   "vpermw %%zmm14, " MOECORE_Z(a) ", " MOECORE_Z(b) "\n\t" \
   "vpsrlw $4, " MOECORE_Z(a) ", " MOECORE_Z(a) "\n\t"      \
   "vdpbf16ps %%zmm15, " MOECORE_Z(b) ", " MOECORE_Z(c) "\n\t"
-// One nvfp4 step: the index (nibble | table bit) in one bit operation, the two-table permute of
-// the step's two blocks, the shift, the dot.
-#define NVFP4_STEP(a, b, c, d)                                        \
+// One nvfp4 step as the kernel took it before 2026-11-29: the index (nibble | table bit) in one
+// bit operation, the two-table permute (VPERMT2W) of the step's two blocks, the shift, the dot.
+#define NVFP4_TWO_TABLE_STEP(a, b, c, d)                              \
   "vpternlogd $0xea, %%zmm14, " MOECORE_Z(a) ", " MOECORE_Z(d) "\n\t" \
   "vpermt2w %%zmm14, " MOECORE_Z(d) ", " MOECORE_Z(b) "\n\t"          \
   "vpsrlw $4, " MOECORE_Z(a) ", " MOECORE_Z(a) "\n\t"                 \
   "vdpbf16ps %%zmm15, " MOECORE_Z(b) ", " MOECORE_Z(c) "\n\t"
-// The same with both blocks' entries in one table, built per step by a 256-bit insert, so that a
-// one-table permute serves (not what the kernel does: an estimate of what that would save).
-#define NVFP4_ONE_TABLE_STEP(a, b, c, d)                              \
+// One nvfp4 step as the kernel takes it (fp4_bf16_step): both blocks' entries in one register,
+// built by a 256-bit insert, and a one-table permute (VPERMW).
+#define NVFP4_STEP(a, b, c, d)                                        \
   "vinserti64x4 $1, %%ymm14, %%zmm13, %%zmm12\n\t"                    \
   "vpternlogd $0xea, %%zmm14, " MOECORE_Z(a) ", " MOECORE_Z(d) "\n\t" \
   "vpermw %%zmm12, " MOECORE_Z(d) ", " MOECORE_Z(b) "\n\t"            \
@@ -111,7 +111,7 @@ int main() {
   MOECORE_ONE("vdpbf16ps", VDPBF16PS);
   MOECORE_ONE("vpdpbusd", VPDPBUSD);
   MOECORE_STEP("mxfp4 step (3 instructions)", MXFP4_STEP, 3);
-  MOECORE_STEP("nvfp4 step (4 instructions)", NVFP4_STEP, 4);
-  MOECORE_STEP("nvfp4, one table (5)", NVFP4_ONE_TABLE_STEP, 5);
+  MOECORE_STEP("nvfp4 step (5 instructions)", NVFP4_STEP, 5);
+  MOECORE_STEP("nvfp4, VPERMT2W as before (4)", NVFP4_TWO_TABLE_STEP, 4);
   return 0;
 }
